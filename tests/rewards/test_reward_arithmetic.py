@@ -1,0 +1,55 @@
+"""exact_match_score: only whitespace and trailing end-of-turn markers are forgiven."""
+
+import pytest
+
+from rlhf.rewards import exact_match_score
+
+CASES = [
+    ("68", "68", 1.0),
+    (" 68", "68", 1.0),
+    ("68 ", "68", 1.0),
+    ("\n68\n", "68", 1.0),
+    ("\t68\t\n", "68", 1.0),
+    ("68<|im_end|>", "68", 1.0),
+    ("68 <|im_end|>", "68", 1.0),
+    ("68<|im_end|>\n", "68", 1.0),
+    ("68<|endoftext|>", "68", 1.0),
+    ("68<|im_end|><|endoftext|>", "68", 1.0),  # markers stack
+    ("68</s>", "68", 1.0),
+    ("68<|eot_id|>", "68", 1.0),
+    ("68", " 68 ", 1.0),  # ground truth whitespace is ignored too
+    ("100", "100", 1.0),
+    ("198", "198", 1.0),
+    ("69", "68", 0.0),
+    ("86", "68", 0.0),
+    ("6", "68", 0.0),
+    ("688", "68", 0.0),
+    ("068", "68", 0.0),  # leading zero is not the same answer
+    ("68.", "68", 0.0),
+    ("68.0", "68", 0.0),
+    ("+68", "68", 0.0),
+    ("6 8", "68", 0.0),
+    ("The answer is 68", "68", 0.0),
+    ("68 apples", "68", 0.0),
+    ("What is 23+45? 68", "68", 0.0),
+    ("<|im_end|>68", "68", 0.0),  # only trailing markers are removed
+    ("68<|im_start|>", "68", 0.0),
+    ("", "68", 0.0),
+    ("<|im_end|>", "68", 0.0),
+    ("   ", "68", 0.0),
+    ("６８", "68", 0.0),  # full-width digits are other characters
+]
+
+
+@pytest.mark.parametrize("response, truth, expected", CASES)
+def test_exact_match_table(response, truth, expected):
+    assert exact_match_score(response, truth) == expected
+
+
+def test_end_markers_option():
+    assert exact_match_score("68[END]", "68", end_markers=("[END]",)) == 1.0
+    assert exact_match_score("68<|im_end|>", "68", end_markers=()) == 0.0
+
+
+def test_extra_info_is_accepted_and_ignored():
+    assert exact_match_score("68", "68", {"split": "test"}) == 1.0

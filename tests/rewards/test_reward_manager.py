@@ -1,0 +1,174 @@
+"""RewardManager: dispatch by data_source, extras, unknown sources, strict vs fallback."""
+
+import functools
+import logging
+import math
+
+import pytest
+
+from rlhf.data import arithmetic_rows, countdown_rows, ground_truth, gsm8k_like_rows
+from rlhf.rewards import (
+    RewardManager,
+    RewardOutput,
+    ScorerError,
+    UnknownDataSourceError,
+    countdown_score,
+    default_scorers,
+    exact_match_score,
+    gsm8k_score,
+)
+
+
+def half(solution_str, ground_truth, extra_info=None):
+    return 0.5
+
+
+def with_extras(solution_str, ground_truth, extra_info=None):
+    return {"score": float(solution_str == ground_truth), "length": len(solution_str)}
+
+
+def boom(solution_str, ground_truth, extra_info=None):
+    raise RuntimeError("scorer exploded")
+
+
+def call(manager, responses, sources, truths=None, extras=None):
+    n = len(responses)
+    return manager(responses, sources, truths or ["1"] * n, extras or [None] * n)
+
+
+def test_dispatches_each_row_to_its_source_scorer():
+    manager = RewardManager({"a": exact_match_score, "b": half})
+    out = call(manager, ["1", "2", "1", "x"], ["a", "a", "b", "b"])
+    assert isinstance(out, RewardOutput)
+    assert out.scores == [1.0, 0.0, 0.5, 0.5]
+    assert out.extras == {}
+    assert out.metrics == {"reward/errors": 0.0}
+
+
+def test_scorer_gets_response_ground_truth_and_extra_info():
+    seen = []
+
+    def spy(solution_str, ground_truth, extra_info=None):
+        seen.append((solution_str, ground_truth, extra_info))
+        return 1
+
+    call(RewardManager({"s": spy}), ["r0", "r1"], ["s", "s"], ["g0", "g1"], [{"i": 0}, None])
+    assert seen == [("r0", "g0", {"i": 0}), ("r1", "g1", None)]
+
+
+def test_dict_results_become_extras_columns():
+    manager = RewardManager({"x": with_extras, "h": half})
+    out = call(manager, ["1", "22", "1"], ["x", "x", "h"])
+    assert out.scores == [1.0, 0.0, 0.5]
+    assert out.extras == {"length": [1, 2, None]}  # None where the scorer did not report it
+
+
+def test_options_are_bound_with_partial():
+    manager = RewardManager({"openai/gsm8k": functools.partial(gsm8k_score, format_score=0.25)})
+    assert call(manager, ["#### 2", "#### 1"], ["openai/gsm8k"] * 2).scores == [0.25, 1.0]
+
+
+def test_unknown_source_names_it_and_the_known_ones_before_scoring():
+    calls = []
+
+    def counting(solution_str, ground_truth, extra_info=None):
+        calls.append(1)
+        return 1.0
+
+    manager = RewardManager({"arithmetic": counting, "countdown": counting})
+    with pytest.raises(UnknownDataSourceError) as info:
+        call(manager, ["1", "1"], ["arithmetic", "openai/gsm8k"])
+    message = str(info.value)
+    assert "'openai/gsm8k'" in message and "'arithmetic', 'countdown'" in message and "Fix:" in message
+    assert calls == []  # nothing was scored
+
+
+def test_check_sources_before_training():
+    manager = RewardManager(default_scorers())
+    rows = arithmetic_rows(3) + gsm8k_like_rows(3) + countdown_rows(3)
+    manager.check_sources(r["data_source"] for r in rows)
+    with pytest.raises(UnknownDataSourceError, match="'my/task'"):
+        manager.check_sources(["arithmetic", "my/task"])
+    assert isinstance(UnknownDataSourceError("x"), ValueError)
+
+
+def test_strict_reraises_with_row_and_source():
+    manager = RewardManager({"ok": half, "bad": boom})
+    with pytest.raises(ScorerError, match=r"data_source 'bad' failed on row 2: RuntimeError: scorer exploded") as info:
+        call(manager, ["a", "b", "c"], ["ok", "ok", "bad"])
+    assert isinstance(info.value.__cause__, RuntimeError)
+    assert "strict=False" in str(info.value)
+
+
+def test_non_strict_falls_back_and_counts_errors(caplog):
+    manager = RewardManager({"ok": half, "bad": boom}, strict=False, fallback_score=-1.0)
+    with caplog.at_level(logging.WARNING):
+        out = call(manager, ["a", "b", "c", "d"], ["bad", "ok", "bad", "ok"])
+    assert out.scores == [-1.0, 0.5, -1.0, 0.5]
+    assert out.metrics == {"reward/errors": 2.0, "reward/errors/bad": 2.0}
+    assert "2 reward scorer failure(s)" in caplog.text and "row 0" in caplog.text
+
+
+def test_fallback_default_is_zero():
+    out = call(RewardManager({"bad": boom}, strict=False), ["a"], ["bad"])
+    assert out.scores == [0.0] and out.metrics["reward/errors"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "result, problem",
+    [
+        (None, "returned NoneType None, not a number"),
+        ("1.0", "returned str '1.0', not a number"),
+        ({"value": 1.0}, "without a 'score' key"),
+        (math.nan, "non-finite score"),
+        ({"score": math.inf}, "non-finite score"),
+    ],
+)
+def test_results_that_are_not_scores(result, problem):
+    def scorer(solution_str, ground_truth, extra_info=None):
+        return result
+
+    with pytest.raises(ScorerError, match=problem):
+        call(RewardManager({"s": scorer}), ["a"], ["s"])
+    out = call(RewardManager({"s": scorer}, strict=False), ["a"], ["s"])
+    assert out.scores == [0.0] and out.metrics["reward/errors"] == 1.0
+
+
+def test_numpy_and_bool_scores_are_floats():
+    import numpy as np
+
+    manager = RewardManager({"np": lambda *a: np.float32(0.25), "b": lambda *a: True})
+    out = call(manager, ["a", "b"], ["np", "b"])
+    assert out.scores == [0.25, 1.0] and all(type(s) is float for s in out.scores)
+
+
+def test_length_mismatch_and_non_callable_scorer():
+    with pytest.raises(ValueError, match="disagree on the number of rows"):
+        RewardManager({"a": half})(["x", "y"], ["a"], ["1", "1"], [None, None])
+    with pytest.raises(TypeError, match="scorer for data_source 'a' is not callable"):
+        RewardManager({"a": "exact_match"})
+
+
+def test_empty_batch():
+    out = RewardManager({})([], [], [], [])
+    assert out.scores == [] and out.metrics == {"reward/errors": 0.0}
+
+
+def test_default_scorers_cover_generators_and_verl_names():
+    scorers = default_scorers()
+    verl_names = {"openai/gsm8k", "lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval"}
+    assert verl_names | {"countdown", "arithmetic"} <= set(scorers)
+    assert scorers is not default_scorers()  # a fresh dict: users may change their copy
+    assert scorers["countdown"] is countdown_score
+
+
+def test_generated_rows_with_reference_answers_score_one():
+    rows = arithmetic_rows(5) + gsm8k_like_rows(5) + countdown_rows(5)
+    responses = []
+    for row in rows:
+        info = row["extra_info"]
+        responses.append(f"<answer>{info['solution']}</answer>" if "solution" in info else info["answer"])
+    out = RewardManager(default_scorers())(
+        responses, [r["data_source"] for r in rows], [ground_truth(r) for r in rows], [r["extra_info"] for r in rows]
+    )
+    assert out.scores == [1.0] * 15
