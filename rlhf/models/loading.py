@@ -1,0 +1,101 @@
+"""Load causal LMs and tokenizers from a local folder or the Hugging Face hub, failing early and clearly.
+
+`resolve_model_path` is called before training starts (preflight), so a missing model
+stops a run within seconds with a message that says what is missing and how to run offline,
+instead of failing inside a Ray worker minutes later.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+transformers.utils.logging.disable_progress_bar()
+
+
+class ModelNotFoundError(FileNotFoundError):
+    """The model folder or hub id cannot be found (or the hub cannot be reached)."""
+
+
+_OFFLINE_HINT = (
+    "To run offline, download the model on a machine with hub access "
+    "(`huggingface-cli download {name} --local-dir DIR`) and pass the folder as the model path, "
+    "or use the experiment's `tiny` fiddler (`--config fiddler:tiny`), which builds a small model locally."
+)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Return a local folder holding the model `name_or_path` (a folder, or a hub id fetched/cached)."""
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotFoundError(
+                f"Model folder {path} has no config.json: it is not a Hugging Face model folder. "
+                "Point the model path at the folder that holds config.json and the weights."
+            )
+        return str(path)
+    if not _looks_like_hub_id(name_or_path):
+        raise ModelNotFoundError(
+            f"Model path {name_or_path!r} does not exist (looked in {path.resolve()}). "
+            "Check the path, or give a Hugging Face hub id such as 'Qwen/Qwen2.5-0.5B-Instruct'."
+        )
+    from huggingface_hub import snapshot_download
+
+    hint = _OFFLINE_HINT.format(name=name_or_path)
+    try:  # the local cache first: works offline, answers at once
+        return snapshot_download(name_or_path, local_files_only=True)
+    except Exception:
+        pass
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false", "False"):
+        raise ModelNotFoundError(
+            f"Model {name_or_path!r} is not in the local Hugging Face cache and HF_HUB_OFFLINE is set. {hint}"
+        )
+    try:
+        return snapshot_download(
+            name_or_path,
+            allow_patterns=["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"],
+            etag_timeout=10,
+        )
+    except Exception as err:  # no network, unknown repo, gated model...
+        raise ModelNotFoundError(
+            f"Could not fetch model {name_or_path!r} from the Hugging Face hub ({type(err).__name__}: "
+            f"{str(err).splitlines()[0] if str(err) else ''}). {hint}"
+        ) from err
+
+
+def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The model's tokenizer, left-padded (generation needs left padding) with a pad token."""
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), padding_side="left")
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if tok.chat_template is None:
+        raise ValueError(
+            f"Tokenizer at {name_or_path} has no chat template; prompts are chat messages. "
+            "Use an instruct model's tokenizer or set `tokenizer.chat_template` and save it with the model."
+        )
+    return tok
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    """A causal LM in `dtype` ("float32", "bfloat16", "float16") with eager-safe attention on CPU."""
+    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=getattr(torch, dtype))
+    model.config.use_cache = True
+    return model
+
+
+def _preflight_path(arguments: dict) -> None:
+    """Before any stage runs: a model path given as a string must resolve."""
+    if isinstance(arguments.get("name_or_path"), str):
+        resolve_model_path(arguments["name_or_path"])
+
+
+load_tokenizer.preflight = _preflight_path  # type: ignore[attr-defined]
+load_causal_lm.preflight = _preflight_path  # type: ignore[attr-defined]

@@ -1,0 +1,100 @@
+"""Tiny Qwen2-architecture models with a byte-level Qwen2 tokenizer, built locally.
+
+Every feature must run offline on a CPU, so tests, the walking-skeleton experiment and the
+`tiny` fiddlers build their model here instead of downloading one. The tokenizer is a real
+`Qwen2Tokenizer` over the 256 byte symbols (no merges) plus Qwen's special tokens, so it
+round-trips any text exactly; a char-level tokenizer saved in a qwen2 folder is silently
+rebuilt by transformers on reload (see docs/findings.md).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+
+# ChatML, as Qwen2.5-Instruct uses (without its default system prompt, to keep prompts short).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def byte_level_qwen2_tokenizer() -> Qwen2Tokenizer:
+    """A Qwen2 tokenizer over raw bytes: 256 byte symbols + pad, <|im_start|>, <|im_end|> (eos)."""
+    vocab = {symbol: i for i, symbol in enumerate(bytes_to_unicode().values())}
+    for special in (PAD, IM_START, IM_END):
+        vocab[special] = len(vocab)
+    tok = Qwen2Tokenizer(
+        vocab=vocab,
+        merges=[],
+        unk_token=None,
+        eos_token=IM_END,
+        pad_token=PAD,
+        padding_side="left",  # only persists when passed to the constructor
+    )
+    tok.add_special_tokens({"additional_special_tokens": [IM_START, IM_END]})
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def tiny_qwen2(
+    path: str,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 256,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> str:
+    """Write a randomly initialised tiny Qwen2 model + tokenizer to `path` (once) and return it.
+
+    Idempotent and safe to call from several processes at once: the folder is written to a
+    temporary sibling and renamed into place, and the same seed always gives the same weights.
+    """
+    target = Path(path)
+    if (target / "config.json").exists():
+        return str(target)
+    tok = byte_level_qwen2_tokenizer()
+    config = Qwen2Config(
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=None,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
+    gen = torch.random.fork_rng()
+    with gen:
+        torch.manual_seed(seed)
+        model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:  # another process won the race: its folder is identical
+            if not (target / "config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(target)

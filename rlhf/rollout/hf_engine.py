@@ -1,0 +1,75 @@
+"""Rollout with transformers' `generate`: the CPU default engine.
+
+Left-padded prompts, KV cache, `n` samples per prompt. Returns the engine's own log-probs of
+the sampled tokens (at the sampling temperature, before top-p/top-k truncation, as verl does)
+so trainers can measure and correct the rollout/trainer mismatch.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig, PreTrainedTokenizerBase
+
+from rlhf.batch import Batch
+from rlhf.rollout.sampling import SamplingParams, response_mask_from_eos
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only (left padding gets position 0)."""
+    return (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+
+
+class HFEngine:
+    """Generates with a (possibly shared) Hugging Face model; weights are the trainer's own."""
+
+    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase):
+        self.model = model
+        self.tokenizer = tokenizer
+        eos = model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
+        self.pad_token_id = tokenizer.pad_token_id
+
+    def load_weights(self, model: torch.nn.Module) -> None:
+        """Point the engine at the trained model (hybrid engine: same process, no copy)."""
+        self.model = model
+
+    @torch.no_grad()
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """Sample `sampling.n` responses for every prompt row; rows of one prompt stay adjacent."""
+        batch = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            do_sample=not sampling.greedy,
+            temperature=None if sampling.greedy else sampling.temperature,
+            top_p=None if sampling.greedy else sampling.top_p,
+            top_k=None if sampling.greedy else sampling.top_k,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            use_cache=True,
+        )
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        finally:
+            self.model.train(was_training)
+        prompt_len = input_ids.shape[1]
+        responses = out.sequences[:, prompt_len:]
+        logits = torch.stack(out.logits, dim=1).float() / sampling.logit_temperature  # (B,R,V)
+        rollout_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        response_mask = response_mask_from_eos(responses, self.eos_token_ids)
+        responses = responses.masked_fill(response_mask == 0, self.pad_token_id)
+        full_mask = torch.cat([attention_mask, response_mask], dim=1)
+        batch["prompts"] = input_ids
+        batch["responses"] = responses
+        batch["response_mask"] = response_mask
+        batch["rollout_log_probs"] = rollout_log_probs * response_mask
+        batch["input_ids"] = torch.cat([input_ids, responses], dim=1)
+        batch["attention_mask"] = full_mask
+        batch["position_ids"] = position_ids_from_mask(full_mask)
+        batch.meta["temperature"] = sampling.logit_temperature
+        return batch

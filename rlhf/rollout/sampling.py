@@ -1,0 +1,44 @@
+"""Sampling parameters shared by every rollout engine, and response-mask helpers."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+    """How to sample responses; the same fields mean the same thing in every engine."""
+
+    n: int = 1  # responses per prompt (the group size for GRPO)
+    temperature: float = 1.0  # 0 means greedy decoding
+    top_p: float = 1.0  # nucleus sampling; 1.0 keeps the whole distribution
+    top_k: int = 0  # keep the k most likely tokens; 0 disables
+    max_new_tokens: int = 32  # responses are cut here (counted in response_length/clip_ratio)
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def logit_temperature(self) -> float:
+        """The temperature log-probs are computed at (1 for greedy decoding)."""
+        return 1.0 if self.greedy else self.temperature
+
+
+def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
+    """(B,R) mask: 1 up to and including the first EOS token of each row, 0 after it."""
+    is_eos = torch.isin(responses, torch.tensor(eos_token_ids, device=responses.device))
+    eos_before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()  # EOS tokens strictly before t
+    return (eos_before == 0).to(torch.int64)

@@ -1,0 +1,90 @@
+"""HFEngine: left-padded batched sampling, n per prompt, EOS masking, engine log-probs."""
+
+import pytest
+import torch
+
+from rlhf.batch import Batch
+from rlhf.data.tokenize import chat_prompt_ids, left_pad, position_ids
+from rlhf.models.loading import load_causal_lm, load_tokenizer
+from rlhf.rollout import HFEngine, SamplingParams, response_mask_from_eos
+from helpers import tiny_model_path
+
+
+@pytest.fixture(scope="module")
+def engine():
+    path = tiny_model_path()
+    return HFEngine(load_causal_lm(path).eval(), load_tokenizer(path))
+
+
+def prompts(tok, texts):
+    ids, mask = left_pad([chat_prompt_ids(tok, [{"role": "user", "content": t}]) for t in texts], tok.pad_token_id)
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {"uid": texts})
+
+
+def test_response_mask_stops_after_first_eos():
+    r = torch.tensor([[5, 9, 7, 9, 1], [1, 2, 3, 4, 5], [9, 0, 0, 0, 0]])
+    assert response_mask_from_eos(r, [9]).tolist() == [[1, 1, 0, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]]
+
+
+def test_n_samples_per_prompt_stay_adjacent_and_shapes_agree(engine):
+    torch.manual_seed(0)
+    out = engine.generate(prompts(engine.tokenizer, ["What is 1+2?", "Hi"]), SamplingParams(n=3, max_new_tokens=6))
+    assert list(out["uid"]) == ["What is 1+2?"] * 3 + ["Hi"] * 3
+    b, r = out["responses"].shape
+    assert b == 6 and r <= 6
+    assert out["input_ids"].shape[1] == out["prompts"].shape[1] + r
+    assert torch.equal(out["attention_mask"][:, -r:], out["response_mask"])
+    # padding after EOS is the pad token and carries no log-prob
+    pad = out["response_mask"] == 0
+    assert out["responses"][pad].eq(engine.tokenizer.pad_token_id).all()
+    assert out["rollout_log_probs"][pad].eq(0).all()
+    assert (out["rollout_log_probs"][~pad] <= 0).all()
+
+
+def test_greedy_is_deterministic_and_independent_of_left_padding(engine):
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=5)
+    alone = engine.generate(prompts(engine.tokenizer, ["What is 1+2?"]), greedy)
+    padded = engine.generate(prompts(engine.tokenizer, ["What is 1+2?", "a much longer prompt than the first"]), greedy)
+    n = int(alone["response_mask"][0].sum())
+    assert torch.equal(alone["responses"][0, :n], padded["responses"][0, :n])
+
+
+def test_engine_log_probs_match_a_forward_pass(engine):
+    torch.manual_seed(1)
+    sampling = SamplingParams(n=2, temperature=0.7, max_new_tokens=6)
+    out = engine.generate(prompts(engine.tokenizer, ["What is 12+30?", "x"]), sampling)
+    r = out["responses"].shape[1]
+    with torch.no_grad():
+        logits = engine.model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits[:, -r - 1 : -1] / 0.7
+    ref = torch.log_softmax(logits, -1).gather(-1, out["responses"].unsqueeze(-1)).squeeze(-1)
+    mask = out["response_mask"].bool()
+    assert torch.allclose(ref[mask], out["rollout_log_probs"][mask], atol=1e-4)
+
+
+def test_sampling_params_are_validated():
+    with pytest.raises(ValueError, match="n must be"):
+        SamplingParams(n=0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(top_p=0.0)
+
+
+def test_top_k_one_sampling_equals_greedy(engine):
+    batch = prompts(engine.tokenizer, ["What is 5+6?", "abc"])
+    greedy = engine.generate(batch, SamplingParams(temperature=0.0, max_new_tokens=6))
+    torch.manual_seed(3)
+    top1 = engine.generate(batch, SamplingParams(temperature=1.3, top_k=1, max_new_tokens=6))
+    assert torch.equal(greedy["responses"], top1["responses"])
+
+
+def test_sampling_is_not_silently_truncated_to_top_50(engine):
+    """transformers defaults top_k to 50; top_k=0 must reach generate as 'no truncation'."""
+    torch.manual_seed(0)
+    batch = prompts(engine.tokenizer, ["x"])
+    out = engine.generate(batch, SamplingParams(n=64, temperature=5.0, max_new_tokens=1))
+    first = out["responses"][:, 0]
+    with torch.no_grad():
+        logits = engine.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[0, -1]
+    ranks = (logits.argsort(descending=True).argsort())[first]
+    assert int(ranks.max()) >= 50  # at T=5 over 259 tokens, 64 draws reach beyond the top 50
