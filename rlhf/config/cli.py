@@ -1,0 +1,82 @@
+"""The command line of an experiment file: `python experiments/x.py --config fiddler:tiny ...`.
+
+Every experiment ends with `if __name__ == "__main__": run_cli(sys.modules[__name__])`.
+Fiddlers are looked up in the experiment module first, then in `rlhf_configs.common`
+(shared ones such as `local` and `no_tracking`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import types
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from rlhf.config.overrides import OverrideError, apply_overrides
+
+
+def _parser(prog: str) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="Run an rlhf experiment graph.")
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="CMD",
+        help="config:NAME(...) | fiddler:NAME(...) | set:PATH=VALUE; applied in order (default config:base)",
+    )
+    p.add_argument("--print_graph", action="store_true", help="print the graph and exit")
+    p.add_argument("--print_plan", action="store_true", help="print each stage's execution plan and exit")
+    p.add_argument("--stages", default=None, help="comma-separated stages to run (default: all)")
+    return p
+
+
+def build_graph(module: types.ModuleType, commands: Sequence[str]) -> tuple[Any, list[str]]:
+    import rlhf_configs.common as common
+
+    return apply_overrides(commands, [module, common])
+
+
+def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
+    """The final table: per stage, its Aim run, its headline (validation) metrics, its checkpoint."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="results")
+    metric_names = sorted({k for r in results.values() for k in r.get("metrics", {}) if k.startswith("val-core/")})
+    table.add_column("stage")
+    table.add_column("aim run")
+    for name in metric_names:
+        table.add_column(name.removeprefix("val-core/"), justify="right")
+    table.add_column("checkpoint")
+    for stage, r in results.items():
+        values = [f"{r['metrics'][m]:.3f}" if m in r.get("metrics", {}) else "" for m in metric_names]
+        table.add_row(stage, str(r.get("run_hash") or "-"), *values, str(r.get("checkpoint", "")))
+    console = Console(width=160, record=True, file=open(os.devnull, "w"))
+    console.print(table)
+    return console.export_text()
+
+
+def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    from fiddle import printing
+
+    from rlhf.runtime.experiment import run_experiment
+    from rlhf.runtime.plan import compile_graph
+
+    args = _parser(os.path.basename(getattr(module, "__file__", "experiment"))).parse_args(argv)
+    try:
+        graph, fiddlers = build_graph(module, args.config)
+    except OverrideError as err:
+        sys.exit(f"error: {err}")
+    if args.print_graph:
+        print(printing.as_str_flattened(graph))
+        return None
+    if args.print_plan:
+        for name, stage in graph.stages.items():
+            print(f"[{name}]\n{compile_graph(stage).describe()}\n")
+        return None
+    stages = args.stages.split(",") if args.stages else None
+    results = run_experiment(graph, overrides=args.config, fiddlers=fiddlers, stages=stages)
+    print(format_results(results))
+    return results

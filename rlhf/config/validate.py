@@ -1,0 +1,37 @@
+"""Checks that run before any stage starts, so bad input fails in seconds, not mid-run.
+
+Any callable in a graph may carry a `preflight(arguments)` attribute (a plain function or
+staticmethod taking the node's arguments as a dict); `preflight(graph)` calls it for every
+node and reports every failure at once. Arguments that are still unresolved (`StageOutput`,
+sub-graphs) reach a hook as `fdl.Buildable`s: a hook checks only the values it can see.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fiddle as fdl
+from fiddle import daglish
+
+
+class PreflightError(ValueError):
+    """One or more components of the graph cannot run; the message lists each problem."""
+
+
+def preflight(graph: Any) -> None:
+    seen: set[int] = set()
+    problems: list[str] = []
+    for value, path in daglish.iterate(graph):
+        if isinstance(value, fdl.Buildable) and id(value) not in seen:
+            seen.add(id(value))
+            hook = getattr(fdl.get_callable(value), "preflight", None)
+            if callable(hook):
+                try:
+                    hook(fdl.ordered_arguments(value, include_defaults=True))
+                except Exception as err:  # noqa: BLE001 - every problem is reported, then raised
+                    where = daglish.path_str(path) or "<root>"
+                    message = f"- at {where}: {err}"
+                    if message not in problems:
+                        problems.append(message)
+    if problems:
+        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))

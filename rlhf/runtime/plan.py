@@ -1,0 +1,109 @@
+"""Compile an experiment graph into a `Plan`: the driver graph plus one spec per worker group.
+
+The graph is walked unbuilt (fiddle's memoized traversal, so a shared node is visited once);
+every `Remote` node is replaced by a `GroupRef`, and its worker sub-graph is serialised to
+fiddle JSON. Workers rebuild their sub-graph from that JSON, in every runtime, so what runs
+in a Ray actor is exactly what the Plan records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import fiddle as fdl
+from fiddle import daglish
+
+from rlhf.config.graph_io import from_json, to_json
+from rlhf.runtime.remote import GroupRef, Remote
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupSpec:
+    """One worker group: where it runs and the sub-graph every worker builds."""
+
+    name: str
+    worker_json: str
+    num_workers: int
+    cpus_per_worker: float
+    gpus_per_worker: float
+    colocate_with: str | None
+
+    @property
+    def worker_cls(self) -> type:
+        return fdl.get_callable(from_json(self.worker_json))
+
+    @property
+    def pool(self) -> str:
+        return self.colocate_with or self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What runs where: the driver's graph (with GroupRefs) and the worker groups."""
+
+    driver: Any
+    groups: dict[str, GroupSpec]
+
+    def describe(self) -> str:
+        lines = [f"driver: {_callable_name(self.driver)}"]
+        for g in self.groups.values():
+            where = f", colocated with {g.colocate_with}" if g.colocate_with else ""
+            lines.append(
+                f"group {g.name}: {g.num_workers} x {g.worker_cls.__name__} "
+                f"(cpus {g.cpus_per_worker}, gpus {g.gpus_per_worker} per worker{where})"
+            )
+        return "\n".join(lines)
+
+
+def _callable_name(node: Any) -> str:
+    if isinstance(node, fdl.Buildable):
+        fn = fdl.get_callable(node)
+        return f"{fn.__module__}.{fn.__qualname__}"
+    return type(node).__name__
+
+
+def compile_graph(graph: Any) -> Plan:
+    """Cut `graph` at its `Remote` nodes. The input graph is not modified."""
+    groups: dict[str, GroupSpec] = {}
+
+    def cut(value: Any, state: daglish.State) -> Any:
+        if isinstance(value, fdl.Buildable) and fdl.get_callable(value) is Remote:
+            args = fdl.ordered_arguments(value, include_defaults=True)
+            name = args["name"]
+            worker = args["worker"]
+            if not isinstance(worker, fdl.Buildable):
+                raise TypeError(f"Remote {name!r}: `worker` must be a fdl.Config, got {type(worker).__name__}")
+            spec = GroupSpec(
+                name=name,
+                worker_json=to_json(worker),
+                num_workers=int(args["num_workers"]),
+                cpus_per_worker=float(args["cpus_per_worker"]),
+                gpus_per_worker=float(args["gpus_per_worker"]),
+                colocate_with=args["colocate_with"],
+            )
+            if name in groups and groups[name] != spec:
+                raise ValueError(f"two different Remote nodes are both named {name!r}; give each group its own name")
+            groups[name] = spec
+            return fdl.Config(GroupRef, name=name)
+        return state.map_children(value)
+
+    driver = daglish.MemoizedTraversal.run(cut, graph)
+    for spec in groups.values():
+        if spec.colocate_with and spec.colocate_with not in groups:
+            raise ValueError(
+                f"group {spec.name!r} is colocated with {spec.colocate_with!r}, which is not a group of this "
+                f"graph (groups: {sorted(groups)})"
+            )
+    return Plan(driver=driver, groups=groups)
+
+
+def bind_groups(driver: Any, handles: dict[str, Any]) -> Any:
+    """The driver graph with every `GroupRef` replaced by the live worker group."""
+
+    def swap(value: Any, state: daglish.State) -> Any:
+        if isinstance(value, fdl.Buildable) and fdl.get_callable(value) is GroupRef:
+            return handles[value.name]
+        return state.map_children(value)
+
+    return daglish.MemoizedTraversal.run(swap, driver)

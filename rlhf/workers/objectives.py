@@ -1,0 +1,67 @@
+"""Training objectives of the actor: what `PolicyWorker.update` minimises on a micro-batch.
+
+An objective receives the trainer's per-token log-probs (B,T) and entropy (B,T) of the
+response tokens, the micro-batch, and the GLOBAL token/sequence counts of the mini-batch
+(over all data-parallel ranks and micro-batches), so that summing the micro-batch losses
+over ranks reproduces the full-batch loss exactly (see rlhf.algos.aggregation).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf.algos import KLLoss, PPOClipLoss, token_mean
+from rlhf.batch import Batch
+
+
+class PolicyObjective:
+    """PPO-family actor loss: policy-gradient loss + optional KL-to-reference loss - entropy bonus."""
+
+    def __init__(
+        self,
+        policy_loss: object = None,  # e.g. PPOClipLoss(); None means PPOClipLoss()
+        kl_loss: KLLoss | None = None,  # KL to the reference policy as a loss term (GRPO); None: off
+        entropy_coef: float = 0.0,  # weight of the entropy bonus (subtracted from the loss)
+    ):
+        self.policy_loss = policy_loss if policy_loss is not None else PPOClipLoss()
+        self.kl_loss = kl_loss
+        self.entropy_coef = entropy_coef
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.kl_loss is not None
+
+    @property
+    def needs_entropy_grad(self) -> bool:
+        return self.entropy_coef != 0.0
+
+    def __call__(
+        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch["response_mask"]
+        # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.
+        old = batch["old_log_probs"] if "old_log_probs" in batch else log_probs.detach()
+        loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, num_tokens=num_tokens, num_seqs=num_seqs)
+        metrics = {f"actor/{k}": float(v) for k, v in raw.items()}
+        if self.kl_loss is not None:
+            kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, num_tokens=num_tokens, num_seqs=num_seqs)
+            loss = loss + kl
+            metrics.update({f"actor/{k}": float(v) for k, v in kl_raw.items()})
+        if entropy is not None and self.entropy_coef:
+            loss = loss - self.entropy_coef * token_mean(entropy, mask, num_tokens=num_tokens)
+        return loss, metrics
+
+
+class SFTObjective:
+    """Negative log-likelihood of the response tokens only (prompt tokens carry no loss)."""
+
+    needs_ref = False
+    needs_entropy_grad = False
+
+    def __call__(
+        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch["response_mask"]
+        loss = token_mean(-log_probs, mask, num_tokens=num_tokens)
+        local = float((-log_probs.detach() * mask).sum() / mask.sum().clamp(min=1))
+        return loss, {"sft/loss": local}

@@ -1,0 +1,47 @@
+"""Command-line overrides: the fiddle grammar, applied in order, with did-you-mean errors."""
+
+import pytest
+
+import toy_experiment
+from rlhf.config.overrides import OverrideError, apply_overrides, set_path
+
+
+def build(*commands):
+    return apply_overrides(list(commands), [toy_experiment])
+
+
+def test_defaults_to_base_and_applies_in_order():
+    g, fiddlers = build("fiddler:tiny", "set:stages.grpo.lr=0.25")
+    assert g.stages["grpo"].lr == 0.25 and fiddlers == ["tiny"]
+    g, _ = build("set:stages.grpo.lr=0.25", "fiddler:tiny(lr=0.75)")
+    assert g.stages["grpo"].lr == 0.75
+
+
+def test_config_with_arguments_and_bracket_paths():
+    g, _ = build("config:base(steps=3)", 'set:stages["sft"].name="x"')
+    assert g.stages["sft"].total_steps == 3 and g.stages["sft"].name == "x"
+
+
+@pytest.mark.parametrize(
+    "command, message",
+    [
+        ("fiddler:tinyy", "no fiddler 'tinyy'. Did you mean 'tiny'?"),
+        ("set:stages.grpo.total_stepz=3", "has no field 'total_stepz'. Did you mean 'total_steps'?"),
+        ("set:stages.gpro.lr=1", "has no key 'gpro'. Did you mean 'grpo'?"),
+        ("set:stages.grpo.name=abc", "not a Python literal; quote strings"),
+        ("set:stages.grpo.lr", "needs `=`"),
+        ("sett:x=1", "unknown override"),
+        ("config:bsae", "Did you mean 'base'?"),
+        ("fiddler:tiny(0.1)", "keyword arguments only"),
+    ],
+)
+def test_mistakes_fail_with_the_fix(command, message):
+    cmds = [command] if command.startswith("config:") else ["config:base", command]
+    with pytest.raises(OverrideError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
+        build(*cmds)
+
+
+def test_set_path_on_list_index():
+    g = {"items": [1, 2]}
+    set_path(g, "items[1]", 5)
+    assert g["items"] == [1, 5]

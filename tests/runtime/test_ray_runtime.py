@@ -1,0 +1,40 @@
+"""RayRuntime: one actor per rank, sharded calls, torch.distributed env per group."""
+
+import fiddle as fdl
+import pytest
+import torch
+
+from rlhf.batch import Batch
+from rlhf.runtime.plan import compile_graph
+from rlhf.runtime.ray_runtime import RayRuntime
+from rlhf.runtime.remote import Remote
+from toy_workers import EchoWorker
+
+
+@pytest.fixture(scope="module")
+def echo_group():
+    plan = compile_graph(fdl.Config(Remote, worker=fdl.Config(EchoWorker, scale=1.0), name="echo", num_workers=2))
+    runtime = RayRuntime(num_cpus=2)
+    groups = runtime.start_groups(plan)
+    yield groups["echo"]
+    runtime.shutdown()
+
+
+def test_shard_pads_splits_and_concats(echo_group):
+    out = echo_group.double(Batch({"x": torch.arange(5)}))
+    assert torch.equal(out["y"], torch.arange(5) * 2)
+    assert list(out["rank"]) == ["0", "0", "0", "1", "1"]  # 5 rows padded to 6, split 3 + 3
+
+
+def test_shard_exact_refuses_uneven_batches(echo_group):
+    assert echo_group.count(Batch({"x": torch.arange(6)})) == [3, 3]
+    with pytest.raises(ValueError, match="multiple of 2"):
+        echo_group.count(Batch({"x": torch.arange(5)}))
+
+
+def test_each_rank_gets_its_distributed_env(echo_group):
+    envs = echo_group.env()
+    assert [e["RANK"] for e in envs] == ["0", "1"]
+    assert {e["WORLD_SIZE"] for e in envs} == {"2"}
+    assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert echo_group.all_reduce(1.0) == [3.0, 3.0]  # (1+0) + (1+1) over gloo

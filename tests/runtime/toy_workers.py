@@ -1,0 +1,35 @@
+"""Small real workers for runtime tests (importable by Ray actors through PYTHONPATH)."""
+
+import os
+
+import torch
+
+from rlhf.batch import Batch
+from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
+
+
+class EchoWorker:
+    def __init__(self, scale: float = 1.0):
+        self.scale = scale
+
+    @shard
+    def double(self, batch: Batch) -> Batch:
+        return Batch({"y": batch["x"] * 2 * self.scale}, {"rank": [os.environ.get("RANK", "0")] * len(batch)})
+
+    @shard_exact
+    def count(self, batch: Batch) -> int:
+        return len(batch)
+
+    @on_all_ranks
+    def env(self) -> dict:
+        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+
+    @on_all_ranks
+    def all_reduce(self, value: float) -> float:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        t = torch.tensor([value + int(os.environ.get("RANK", "0"))])
+        dist.all_reduce(t)
+        return float(t)
