@@ -1,0 +1,61 @@
+"""Chat-template tokenisation and padding shared by the prompt and SFT datasets."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+from transformers import PreTrainedTokenizerBase
+
+
+def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict]) -> list[int]:
+    """Token ids of `messages` rendered by the tokenizer's chat template, ready for the assistant turn."""
+    text = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask), both (B, max_len), padded on the left (generation continues on the right)."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+            mask[i, width - len(s) :] = 1
+    return ids, mask
+
+
+def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids, mask), both (B, max_len), padded on the right."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if s:
+            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+            mask[i, : len(s)] = 1
+    return ids, mask
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only (left padding gets position 0)."""
+    return (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+
+
+def shuffled_batches(num_rows: int, batch_size: int, seed: int, start_step: int = 0) -> Iterator[list[int]]:
+    """Endless lists of row indices: full batches, reshuffled each epoch from (seed, epoch).
+
+    Step k's batch depends only on (seed, k), so a run resumed at `start_step` sees exactly
+    the batches an uninterrupted run would have seen.
+    """
+    if batch_size > num_rows:
+        raise ValueError(f"batch size {batch_size} exceeds the {num_rows} rows of the dataset")
+    per_epoch = num_rows // batch_size
+    step = start_step
+    while True:
+        epoch, offset = divmod(step, per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(num_rows)
+        yield order[offset * batch_size : (offset + 1) * batch_size].tolist()
+        step += 1

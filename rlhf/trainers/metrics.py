@@ -1,0 +1,41 @@
+"""verl-named metrics of a scored rollout batch (scores, rewards, advantages, lengths)."""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf.algos import masked_mean
+from rlhf.batch import Batch
+
+
+def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
+    if values.numel() == 0:
+        return {}
+    v = values.float()
+    return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
+
+
+def rollout_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
+    mask = batch["response_mask"].bool()
+    lengths = mask.sum(dim=1)
+    metrics = {
+        **_stats("critic/score", batch["token_level_scores"].sum(dim=1)),
+        **_stats("response_length", lengths),
+        "response_length/clip_ratio": float((lengths >= max_new_tokens).float().mean()),
+        **_stats("prompt_length", batch["attention_mask"].sum(dim=1) - lengths),
+    }
+    if "token_level_rewards" in batch:
+        metrics.update(_stats("critic/rewards", batch["token_level_rewards"].sum(dim=1)))
+    if "advantages" in batch:
+        metrics.update(_stats("critic/advantages", batch["advantages"][mask]))
+        metrics.update(_stats("critic/returns", batch["returns"][mask]))
+    if "rollout_log_probs" in batch and "old_log_probs" in batch:
+        gap = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()
+        metrics["rollout_corr/log_prob_abs_diff"] = float(masked_mean(gap, mask.float()))
+    return metrics
+
+
+def mean_over_ranks(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Average each metric over data-parallel ranks (their shards have equal sizes)."""
+    keys = per_rank[0].keys()
+    return {k: sum(r[k] for r in per_rank) / len(per_rank) for k in keys}

@@ -1,0 +1,31 @@
+"""Turn generated responses into rewards: decode, score with the reward manager, place on tokens."""
+
+from __future__ import annotations
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from rlhf.batch import Batch
+from rlhf.rewards.manager import RewardManager
+
+
+def decode_responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
+    """The text of each response's valid tokens (special tokens such as EOS dropped)."""
+    responses, mask = batch["responses"], batch["response_mask"].bool()
+    return tokenizer.batch_decode([r[m].tolist() for r, m in zip(responses, mask)], skip_special_tokens=True)
+
+
+def score_rollout(batch: Batch, tokenizer: PreTrainedTokenizerBase, reward: RewardManager) -> tuple[Batch, dict]:
+    """`token_level_scores` (B,R): each response's score on its last valid token, 0 elsewhere."""
+    texts = decode_responses(batch, tokenizer)
+    out = reward(texts, batch["data_source"], batch["ground_truth"], batch["extra_info"])
+    scores = torch.tensor(out.scores, dtype=torch.float32)
+    mask = batch["response_mask"]
+    token_level = torch.zeros(mask.shape, dtype=torch.float32)
+    lengths = mask.sum(dim=1)
+    rows = torch.nonzero(lengths > 0).squeeze(1)
+    token_level[rows, lengths[rows] - 1] = scores[rows]
+    result = Batch({"token_level_scores": token_level, "scores": scores}, {"response_text": texts})
+    for name, column in out.extras.items():
+        result[f"reward_extra/{name}"] = column
+    return result, dict(out.metrics)
