@@ -1,0 +1,1 @@
+"""Reusable graph pieces (models, policy groups, runtimes) and shared fiddlers for experiments."""

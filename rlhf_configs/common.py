@@ -1,0 +1,37 @@
+"""Fiddlers every experiment accepts on its command line (`--config fiddler:local`, ...)."""
+
+from __future__ import annotations
+
+import fiddle as fdl
+from fiddle import selectors
+
+from rlhf.runtime.experiment import Experiment
+from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.remote import Remote
+
+
+def local(cfg: fdl.Config[Experiment]) -> None:
+    """Run every worker group in this process (world size 1): breakpoint() works, start-up is instant."""
+    cfg.runtime = fdl.Config(LocalRuntime)
+
+
+def workers(cfg: fdl.Config[Experiment], n: int = 2) -> None:
+    """Data-parallel over `n` workers in every worker group (Ray runtime)."""
+    selectors.select(cfg, Remote).set(num_workers=n)
+
+
+def no_tracking(cfg: fdl.Config[Experiment]) -> None:
+    """Do not record runs in Aim (e.g. on a machine without aim installed)."""
+    cfg.tracker = None
+
+
+def quiet(cfg: fdl.Config[Experiment]) -> None:
+    """No progress bars (logs stay readable in CI)."""
+    cfg.progress = False
+
+
+def gin(cfg: fdl.Config[Experiment], path: str | None = None, text: str | None = None) -> None:
+    """Apply a gin file's bindings (rlhf_configs/*.gin or your own), e.g. fiddler:gin(path='debug.gin')."""
+    from rlhf.config.gin_overrides import apply_gin
+
+    apply_gin(cfg, path, text)
