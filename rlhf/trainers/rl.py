@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from rlhf.algos import GRPO, AdvantageInputs
+from rlhf.algos import GRPO, AdvantageInputs, group_ids_from_uids
 from rlhf.batch import Batch
 from rlhf.data.prompts import PromptDataset
 from rlhf.rewards.manager import RewardManager
@@ -23,12 +21,6 @@ from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
 from rlhf.trainers.scoring import score_rollout
 from rlhf.trainers.timing import timed
-
-
-def group_ids(uids: np.ndarray) -> torch.Tensor:
-    """(B,) int64 ids: rows generated from the same prompt share an id."""
-    _, inverse = np.unique(uids.astype(str), return_inverse=True)
-    return torch.from_numpy(inverse.astype(np.int64))
 
 
 class RLTrainer:
@@ -107,7 +99,7 @@ class RLTrainer:
             inputs = AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"],
                 response_mask=batch["response_mask"],
-                group_ids=group_ids(batch["uid"]),
+                group_ids=group_ids_from_uids(batch["uid"]),
             )
             batch["advantages"], batch["returns"] = self.advantage(inputs)
         with timed(timing, "update_actor"):
