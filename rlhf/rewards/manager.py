@@ -8,8 +8,35 @@ the manager (in Python or in the experiment graph), e.g.::
 
 A scorer is called as `scorer(response, ground_truth, extra_info)` and returns a float,
 or a dict with a "score" and any other values to report per row (they become `extras`).
-Rows are scored one at a time by `_score_row`, which is the unit a parallel mode
-(a process pool with per-row timeouts) will map over.
+
+A **batched** scorer (any callable with a true `batched` attribute, e.g. `Batched(fn)` or a
+model-reward class that sets `batched = True`) is called once per manager call with the
+lists of all rows of its data_source, `scorer(responses, ground_truths, extra_infos)`, and
+returns one float or dict per row. It always runs in the calling process (it may hold a
+model), so `timeout_s` does not apply to it.
+
+**Parallel scoring**: with `num_workers > 0` the other rows are scored in a persistent pool
+of spawned processes (`rlhf.rewards.pool.WorkerPool`), started on the first call and
+reused, in chunks; a row running past `timeout_s` has its worker killed and gets
+`fallback_score`. Scores, extras and metrics are the same as in-process scoring. Scorers
+must then be picklable: module-level functions or `functools.partial` of them. It pays
+for scorers that cost ~1 ms or more a row (or may hang); for a ~10 us rule such as
+`gsm8k_score`, sending the rows costs more than scoring them in-process.
+
+Failures: "reward/errors" counts every row given `fallback_score` (exceptions, timeouts,
+dead workers), "reward/errors/<data_source>" per source, and "reward/timeouts" (reported
+when `timeout_s` is set) the rows that ran out of time.
+
+**Overlong shaping** (DAPO, Yu et al. 2025, "soft overlong punishment"): with
+`overlong_buffer_len` set, a response of L tokens gets, on top of its score, the penalty
+
+    0                                      if L <= Lmax - Lbuf
+    -factor * (L - (Lmax - Lbuf)) / Lbuf   if Lmax - Lbuf < L <= Lmax
+    -factor                                if L > Lmax
+
+with Lmax = `max_response_length`, Lbuf = `overlong_buffer_len`, factor =
+`overlong_penalty_factor` (verl's `reward_model.overlong_buffer`; verl does not clip
+above Lmax, which generation never exceeds). Lengths come from `response_lengths`.
 """
 
 from __future__ import annotations
@@ -17,8 +44,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import pickle
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
+
+from rlhf.rewards.pool import Outcome, WorkerPool
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +61,7 @@ class UnknownDataSourceError(ValueError):
 
 
 class ScorerError(RuntimeError):
-    """A scorer raised or returned something that is not a score (strict mode)."""
+    """A scorer raised, timed out or returned something that is not a score (strict mode)."""
 
 
 @dataclasses.dataclass
@@ -45,6 +76,52 @@ class RewardOutput:
     scores: list[float]
     extras: dict[str, list] = dataclasses.field(default_factory=dict)
     metrics: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+class Reward(Protocol):
+    """What trainers need from a reward: `RewardManager`, `CombinedReward`, or your own."""
+
+    def check_sources(self, data_sources: Iterable[str]) -> None: ...
+
+    def __call__(
+        self,
+        responses: Sequence[str],
+        data_sources: Sequence[str],
+        ground_truths: Sequence[str],
+        extra_infos: Sequence[dict | None],
+        *,
+        response_lengths: Sequence[int] | None = None,
+    ) -> RewardOutput: ...
+
+
+class Batched:
+    """Mark `fn(responses, ground_truths, extra_infos) -> list[float | dict]` as a batched scorer."""
+
+    batched = True
+
+    def __init__(self, fn: Callable[[list[str], list, list], Sequence[float | dict]]) -> None:
+        if not callable(fn):
+            raise TypeError(f"Batched: {fn!r} is not callable")
+        self.fn = fn
+
+    def __call__(self, responses: list[str], ground_truths: list, extra_infos: list) -> Sequence[float | dict]:
+        return self.fn(responses, ground_truths, extra_infos)
+
+    def __repr__(self) -> str:
+        return f"Batched({getattr(self.fn, '__name__', self.fn)!r})"
+
+
+def is_batched(scorer: Scorer) -> bool:
+    """Whether the manager calls `scorer` with lists (it has `batched = True`)."""
+    return getattr(scorer, "batched", False) is True
+
+
+def overlong_penalty(
+    lengths: Sequence[int], *, max_response_length: int, buffer_len: int, penalty_factor: float
+) -> list[float]:
+    """DAPO's soft overlong penalty of each response length (see the module docstring), <= 0."""
+    start = max_response_length - buffer_len
+    return [-penalty_factor * min(max(length - start, 0) / buffer_len, 1.0) for length in lengths]
 
 
 def _as_score(result: Any) -> tuple[float, dict[str, Any]]:
@@ -63,6 +140,11 @@ def _as_score(result: Any) -> tuple[float, dict[str, Any]]:
     return value, extras
 
 
+def _score_with(scorers: Mapping[str, Scorer], source: str, response: str, truth: Any, extra: Any) -> tuple:
+    """Score one row: what a worker process runs, and what in-process scoring runs."""
+    return _as_score(scorers[source](response, truth, extra))
+
+
 class RewardManager:
     """Dispatch each response to the scorer of its data_source and collect the rewards."""
 
@@ -72,19 +154,64 @@ class RewardManager:
         *,
         strict: bool = True,
         fallback_score: float = 0.0,
+        num_workers: int = 0,
+        timeout_s: float | None = None,
+        chunk_size: int | None = None,
+        overlong_buffer_len: int | None = None,
+        overlong_penalty_factor: float = 1.0,
+        max_response_length: int | None = None,
     ) -> None:
         """
         scorers: data_source -> scorer function (see `rlhf.rewards.default_scorers()`).
         strict: re-raise a scorer failure (with row and data_source); when False, the row
           gets `fallback_score` and the failure is counted in metrics "reward/errors".
-        fallback_score: the score of a row whose scorer failed (strict=False only).
+        fallback_score: the score of a row whose scorer failed or timed out (strict=False only).
+        num_workers: 0 scores in this process, one row after another; N > 0 in N worker processes.
+        timeout_s: the longest one row may take (needs num_workers > 0); None waits forever.
+        chunk_size: rows per message to a worker; None splits each call into ~4 chunks per worker.
+        overlong_buffer_len: DAPO's Lbuf in tokens; None disables overlong shaping.
+        overlong_penalty_factor: the penalty at max_response_length (DAPO and verl use 1.0).
+        max_response_length: DAPO's Lmax, the generation limit in tokens (needed by the shaping).
         """
         for name, scorer in scorers.items():
             if not callable(scorer):
                 raise TypeError(f"RewardManager: the scorer for data_source {name!r} is not callable: {scorer!r}")
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"RewardManager: num_workers must be an int >= 0, got {num_workers!r}")
+        if timeout_s is not None and not timeout_s > 0:
+            raise ValueError(f"RewardManager: timeout_s must be > 0 or None, got {timeout_s!r}")
+        if timeout_s is not None and num_workers == 0:
+            raise ValueError(
+                "RewardManager: timeout_s needs num_workers >= 1, because a scorer running in this "
+                "process cannot be stopped safely. Fix: pass num_workers=1 (or more), or timeout_s=None."
+            )
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"RewardManager: chunk_size must be >= 1 or None, got {chunk_size!r}")
+        if overlong_buffer_len is not None:
+            if max_response_length is None:
+                raise ValueError(
+                    "RewardManager: overlong_buffer_len needs max_response_length (the generation limit "
+                    "in tokens). Fix: pass max_response_length=<sampling max_new_tokens>."
+                )
+            if not 0 < overlong_buffer_len <= max_response_length:
+                raise ValueError(
+                    f"RewardManager: overlong_buffer_len must be in 1..max_response_length="
+                    f"{max_response_length}, got {overlong_buffer_len}"
+                )
         self.scorers = dict(scorers)
         self.strict = strict
         self.fallback_score = float(fallback_score)
+        self.num_workers = num_workers
+        self.timeout_s = timeout_s
+        self.chunk_size = chunk_size
+        self.overlong_buffer_len = overlong_buffer_len
+        self.overlong_penalty_factor = float(overlong_penalty_factor)
+        self.max_response_length = max_response_length
+        self._pooled = {name: s for name, s in self.scorers.items() if not is_batched(s)}
+        if num_workers:
+            _check_picklable(self._pooled)
+        self._pool: WorkerPool | None = None
+        self._lock = threading.Lock()
 
     def check_sources(self, data_sources: Iterable[str]) -> None:
         """Raise `UnknownDataSourceError` if any data_source has no scorer (call before training)."""
@@ -103,55 +230,181 @@ class RewardManager:
         data_sources: Sequence[str],
         ground_truths: Sequence[str],
         extra_infos: Sequence[dict | None],
+        *,
+        response_lengths: Sequence[int] | None = None,
     ) -> RewardOutput:
-        """Score every response; all four sequences are per row and of equal length."""
+        """Score every response; all sequences are per row and of equal length.
+
+        response_lengths: (B,) response lengths in tokens; needed by overlong shaping only.
+        """
         lengths = {
             "responses": len(responses),
             "data_sources": len(data_sources),
             "ground_truths": len(ground_truths),
             "extra_infos": len(extra_infos),
         }
+        if response_lengths is not None:
+            lengths["response_lengths"] = len(response_lengths)
         if len(set(lengths.values())) > 1:
             raise ValueError(f"RewardManager: inputs disagree on the number of rows: {lengths}")
+        if self.overlong_buffer_len is not None and response_lengths is None:
+            raise ValueError(
+                "RewardManager: overlong shaping (overlong_buffer_len) needs response_lengths, the "
+                "number of tokens of each response. Fix: pass response_lengths=response_mask.sum(-1).tolist()."
+            )
         self.check_sources(data_sources)
 
+        outcomes, causes = self._outcomes(responses, data_sources, ground_truths, extra_infos)
         scores: list[float] = []
         row_extras: list[dict[str, Any]] = []
         errors: dict[str, int] = {}
+        timeouts = 0
         first_error: str | None = None
-        for i, (response, source, truth, extra) in enumerate(
-            zip(responses, data_sources, ground_truths, extra_infos)
-        ):
-            try:
-                score, extras = self._score_row(source, response, truth, extra)
-            except Exception as err:
-                message = f"scorer for data_source {source!r} failed on row {i}: {type(err).__name__}: {err}"
-                if self.strict:
-                    hint = " (RewardManager(strict=False) gives such rows fallback_score instead)"
-                    raise ScorerError(message + hint) from err
-                errors[source] = errors.get(source, 0) + 1
-                first_error = first_error or message
-                score, extras = self.fallback_score, {}
-            scores.append(score)
-            row_extras.append(extras)
+        for i, ((kind, value), source) in enumerate(zip(outcomes, data_sources)):
+            if kind == "ok":
+                scores.append(value[0])
+                row_extras.append(value[1])
+                continue
+            message = f"scorer for data_source {source!r} failed on row {i}: {value}"
+            if self.strict:
+                where = "" if i in causes else " (in a reward worker process)"
+                hint = " (RewardManager(strict=False) gives such rows fallback_score instead)"
+                raise ScorerError(message + where + hint) from causes.get(i)
+            errors[source] = errors.get(source, 0) + 1
+            timeouts += kind == "timeout"
+            first_error = first_error or message
+            scores.append(self.fallback_score)
+            row_extras.append({})
 
-        columns = list(dict.fromkeys(k for extras in row_extras for k in extras))
         metrics = {"reward/errors": float(sum(errors.values()))}
         metrics.update({f"reward/errors/{source}": float(n) for source, n in errors.items()})
+        if self.timeout_s is not None:
+            metrics["reward/timeouts"] = float(timeouts)
         if errors:
             logger.warning("%d reward scorer failure(s) given fallback_score=%s; first: %s",
                            sum(errors.values()), self.fallback_score, first_error)
+        if self.overlong_buffer_len is not None:
+            penalties = overlong_penalty(
+                [int(n) for n in response_lengths],  # type: ignore[union-attr]
+                max_response_length=self.max_response_length,  # type: ignore[arg-type]
+                buffer_len=self.overlong_buffer_len,
+                penalty_factor=self.overlong_penalty_factor,
+            )
+            scores = [s + p for s, p in zip(scores, penalties)]
+            for extras, penalty in zip(row_extras, penalties):
+                extras["overlong_penalty"] = penalty
+            metrics["reward/overlong_penalty/mean"] = sum(penalties) / len(penalties) if penalties else 0.0
+        columns = list(dict.fromkeys(k for extras in row_extras for k in extras))
         return RewardOutput(
             scores=scores,
             extras={k: [extras.get(k) for extras in row_extras] for k in columns},
             metrics=metrics,
         )
 
-    def _score_row(self, source: str, response: str, truth: str, extra: dict | None) -> tuple[float, dict]:
-        return _as_score(self.scorers[source](response, truth, extra))
+    def _outcomes(
+        self,
+        responses: Sequence[str],
+        data_sources: Sequence[str],
+        ground_truths: Sequence[str],
+        extra_infos: Sequence[dict | None],
+    ) -> tuple[list[Outcome], dict[int, BaseException]]:
+        """Each row's outcome, and the exception of each row that failed in this process."""
+        outcomes: list[Outcome | None] = [None] * len(responses)
+        causes: dict[int, BaseException] = {}
+        batched: dict[str, list[int]] = {}
+        pooled: list[int] = []
+        for i, source in enumerate(data_sources):
+            (pooled if source in self._pooled else batched.setdefault(source, [])).append(i)
+        for source, rows in batched.items():
+            self._score_batched(source, rows, responses, ground_truths, extra_infos, outcomes, causes)
+        if self.num_workers and pooled:
+            rows = [(data_sources[i], responses[i], ground_truths[i], extra_infos[i]) for i in pooled]
+            for i, outcome in zip(pooled, self._map(rows)):
+                outcomes[i] = outcome
+        else:
+            for i in pooled:
+                try:
+                    value = _score_with(self._pooled, data_sources[i], responses[i], ground_truths[i], extra_infos[i])
+                    outcomes[i] = ("ok", value)
+                except (Exception, SystemExit) as err:  # sys.exit() in a scorer must not end training
+                    outcomes[i] = ("error", f"{type(err).__name__}: {err}")
+                    causes[i] = err
+        return outcomes, causes  # type: ignore[return-value]
+
+    def _score_batched(self, source, rows, responses, ground_truths, extra_infos, outcomes, causes) -> None:
+        """One call of the batched scorer of `source` with all its rows; failures mark every row."""
+        try:
+            results = list(self.scorers[source](
+                [responses[i] for i in rows], [ground_truths[i] for i in rows], [extra_infos[i] for i in rows]
+            ))
+            if len(results) != len(rows):
+                raise ValueError(f"batched scorer returned {len(results)} results for {len(rows)} rows")
+        except (Exception, SystemExit) as err:
+            for i in rows:
+                outcomes[i] = ("error", f"{type(err).__name__}: {err}")
+                causes[i] = err
+            return
+        for i, result in zip(rows, results):
+            try:
+                outcomes[i] = ("ok", _as_score(result))
+            except (TypeError, ValueError) as err:
+                outcomes[i] = ("error", f"{type(err).__name__}: {err}")
+                causes[i] = err
+
+    def _map(self, rows: list[tuple]) -> list[Outcome]:
+        with self._lock:
+            if self._pool is None:
+                self._pool = WorkerPool(
+                    _score_with, self._pooled, num_workers=self.num_workers, timeout_s=self.timeout_s,
+                    chunk_size=self.chunk_size,
+                )
+            return self._pool.map(rows)
+
+    def close(self) -> None:
+        """Stop the worker processes, if any (a later call starts new ones)."""
+        with self._lock:
+            if self._pool is not None:
+                self._pool.close()
+                self._pool = None
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict:
+        # A manager sent to another process (e.g. a Ray worker) starts its own pool there.
+        state = self.__dict__.copy()
+        state["_pool"] = None
+        del state["_lock"]
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
 
     def __repr__(self) -> str:
+        parallel = f", num_workers={self.num_workers}, timeout_s={self.timeout_s}" if self.num_workers else ""
+        overlong = (
+            f", overlong_buffer_len={self.overlong_buffer_len}, max_response_length={self.max_response_length}"
+            if self.overlong_buffer_len is not None else ""
+        )
         return (
             f"RewardManager(sources={sorted(self.scorers)}, strict={self.strict}, "
-            f"fallback_score={self.fallback_score})"
+            f"fallback_score={self.fallback_score}{parallel}{overlong})"
         )
+
+
+def _check_picklable(scorers: Mapping[str, Scorer]) -> None:
+    """Raise a TypeError naming the first scorer that cannot be sent to a worker process."""
+    for name, scorer in scorers.items():
+        try:
+            pickle.dumps(scorer)
+        except (pickle.PicklingError, TypeError, AttributeError) as err:
+            raise TypeError(
+                f"RewardManager(num_workers>0): the scorer for data_source {name!r} ({scorer!r}) cannot be "
+                f"sent to worker processes: {err}. Fix: define it at module level (a lambda or a function "
+                "defined inside another function cannot be pickled); bind options with functools.partial; "
+                "or score in-process with num_workers=0."
+            ) from err

@@ -1,13 +1,16 @@
-"""RewardManager: dispatch by data_source, extras, unknown sources, strict vs fallback."""
+"""RewardManager: dispatch, extras, unknown sources, strict vs fallback, batched scorers, overlong shaping."""
 
 import functools
 import logging
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from rlhf.data import arithmetic_rows, countdown_rows, ground_truth, gsm8k_like_rows
 from rlhf.rewards import (
+    Batched,
     RewardManager,
     RewardOutput,
     ScorerError,
@@ -16,6 +19,7 @@ from rlhf.rewards import (
     default_scorers,
     exact_match_score,
     gsm8k_score,
+    overlong_penalty,
 )
 
 
@@ -172,3 +176,113 @@ def test_generated_rows_with_reference_answers_score_one():
         responses, [r["data_source"] for r in rows], [ground_truth(r) for r in rows], [r["extra_info"] for r in rows]
     )
     assert out.scores == [1.0] * 15
+
+
+# ------------------------------------------------------------------------ batched scorers
+
+
+def test_batched_scorer_gets_all_rows_of_its_source_in_one_call():
+    calls = []
+
+    def lengths(responses, ground_truths, extra_infos):
+        calls.append((list(responses), list(ground_truths), list(extra_infos)))
+        return [float(len(r)) for r in responses[:-1]] + [{"score": 9.0, "note": "last"}]
+
+    manager = RewardManager({"b": Batched(lengths), "a": exact_match_score})
+    out = manager(["x", "1", "yyy", "zz"], ["b", "a", "b", "b"], ["g0", "1", "g2", "g3"], [None, None, {"i": 2}, None])
+    assert calls == [(["x", "yyy", "zz"], ["g0", "g2", "g3"], [None, {"i": 2}, None])]
+    assert out.scores == [1.0, 1.0, 3.0, 9.0]
+    assert out.extras == {"note": [None, None, None, "last"]}
+
+
+def test_any_object_with_batched_true_is_batched():
+    class ModelReward:
+        batched = True
+
+        def __call__(self, responses, ground_truths, extra_infos):
+            return [0.5] * len(responses)
+
+    assert call(RewardManager({"m": ModelReward()}), ["a", "b"], ["m", "m"]).scores == [0.5, 0.5]
+    assert repr(Batched(exact_match_score)) == "Batched('exact_match_score')"
+
+
+def test_batched_failures_mark_every_row_of_the_call():
+    def wrong_length(responses, ground_truths, extra_infos):
+        return [1.0]
+
+    def explodes(responses, ground_truths, extra_infos):
+        raise RuntimeError("model out of memory")
+
+    manager = RewardManager({"w": Batched(wrong_length), "e": Batched(explodes), "a": half}, strict=False)
+    out = call(manager, ["a", "b", "c", "d"], ["w", "a", "w", "e"])
+    assert out.scores == [0.0, 0.5, 0.0, 0.0]
+    assert out.metrics == {"reward/errors": 3.0, "reward/errors/w": 2.0, "reward/errors/e": 1.0}
+    with pytest.raises(ScorerError, match=r"data_source 'w' failed on row 0: ValueError: batched scorer returned 1"):
+        call(RewardManager({"w": Batched(wrong_length)}), ["a", "b"], ["w", "w"])
+
+
+def test_batched_scorers_stay_in_process_with_workers():
+    def local(responses, ground_truths, extra_infos):  # not picklable, and need not be
+        return [2.0] * len(responses)
+
+    manager = RewardManager({"m": Batched(local)}, num_workers=1)
+    assert call(manager, ["a"], ["m"]).scores == [2.0]
+    assert manager._pool is None  # no worker was needed
+
+
+# --------------------------------------------------------------------- overlong shaping
+
+
+def test_overlong_penalty_hand_computed():
+    # Lmax = 20, Lbuf = 8: no penalty up to 12 tokens, then -(L - 12) / 8, -1 from 20 on.
+    penalties = overlong_penalty([0, 12, 13, 16, 19, 20, 25], max_response_length=20, buffer_len=8, penalty_factor=1.0)
+    assert penalties == [0.0, 0.0, -0.125, -0.5, -0.875, -1.0, -1.0]
+    assert overlong_penalty([16], max_response_length=20, buffer_len=8, penalty_factor=0.5) == [-0.25]
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300), max_size=20),
+    max_len=st.integers(1, 256),
+    frac=st.floats(0.01, 1.0),
+    factor=st.floats(0.0, 4.0),
+)
+def test_overlong_penalty_properties(lengths, max_len, frac, factor):
+    buffer = max(1, int(max_len * frac))
+    penalties = overlong_penalty(lengths, max_response_length=max_len, buffer_len=buffer, penalty_factor=factor)
+    assert all(-factor - 1e-12 <= p <= 0.0 for p in penalties)
+    ordered = sorted(zip(lengths, penalties))
+    assert all(a[1] >= b[1] for a, b in zip(ordered, ordered[1:]))  # longer never scores better
+    assert all(p == 0.0 for n, p in zip(lengths, penalties) if n <= max_len - buffer)
+
+
+def test_manager_adds_overlong_penalty_and_reports_it():
+    manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4, max_response_length=10)
+    out = manager(["1", "1", "2"], ["a"] * 3, ["1"] * 3, [None] * 3, response_lengths=[3, 8, 10])
+    # lengths 3, 8, 10 with the buffer starting after 6 tokens: 0, -(8-6)/4 = -0.5, -1.
+    assert out.scores == [1.0, 0.5, -1.0]
+    assert out.extras == {"overlong_penalty": [0.0, -0.5, -1.0]}
+    assert out.metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
+
+
+def test_overlong_options_are_checked():
+    with pytest.raises(ValueError, match="needs max_response_length"):
+        RewardManager({}, overlong_buffer_len=4)
+    with pytest.raises(ValueError, match=r"overlong_buffer_len must be in 1..max_response_length=10"):
+        RewardManager({}, overlong_buffer_len=11, max_response_length=10)
+    manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4, max_response_length=10)
+    with pytest.raises(ValueError, match="needs response_lengths.*response_mask.sum"):
+        manager(["1"], ["a"], ["1"], [None])
+    with pytest.raises(ValueError, match="disagree on the number of rows"):
+        manager(["1"], ["a"], ["1"], [None], response_lengths=[1, 2])
+    # without shaping, lengths are accepted and ignored
+    plain = RewardManager({"a": exact_match_score})
+    assert plain(["1"], ["a"], ["1"], [None], response_lengths=[99]).metrics == {"reward/errors": 0.0}
+
+
+def test_bad_parallel_options():
+    with pytest.raises(ValueError, match="num_workers must be an int >= 0"):
+        RewardManager({}, num_workers=-1)
+    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+        RewardManager({}, num_workers=1, timeout_s=0)
+    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+        RewardManager({}, num_workers=1, chunk_size=0)
