@@ -118,6 +118,11 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
         stage_eval.dataset.rows.n = 32
 
 
+def lr_sweep():
+    """GRPO learning rates around the default 5e-4: `--sweep lr_sweep`, compared in `rlhf ui`."""
+    return [{"stages.grpo.policy.worker.optimizer.lr": lr} for lr in (2e-4, 5e-4, 1e-3)]
+
+
 if __name__ == "__main__":
     from rlhf.config.cli import run_cli
 

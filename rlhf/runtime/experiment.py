@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -32,8 +34,9 @@ class Experiment:
     stages: dict[str, Any]  # stage name -> stage graph (a trainer with `.run(ctx)`), run in order
     runtime: Any = None  # RayRuntime / LocalRuntime config; None: LocalRuntime
     tracker: Any = None  # AimTracker config; None: no tracking
-    output_dir: str = "outputs"  # checkpoints go to <output_dir>/<name>/<timestamp>/<stage>
+    output_dir: str = "outputs"  # checkpoints go to <output_dir>/<name>/<run_name or timestamp>/<stage>
     progress: bool = True  # progress bars on the console
+    run_name: str | None = None  # a stable output folder: rerunning the same command resumes it
 
 
 class _NoRun:
@@ -95,39 +98,60 @@ def run_experiment(
     overrides: Sequence[str] = (),
     fiddlers: Sequence[str] = (),
     stages: Sequence[str] | None = None,
+    *,
+    run_params: Mapping[str, Any] | None = None,
+    tags: Sequence[str] = (),
 ) -> dict[str, dict[str, Any]]:
-    """Run the stages of an Experiment graph in order; returns each stage's result (+ run hash)."""
-    from rlhf.config.validate import preflight
+    """Run the stages of an Experiment graph in order; returns each stage's result (+ run hash).
+
+    `run_params` are added to every stage's tracking run (a sweep's `sweep` params), and `tags`
+    tag each run. Before anything starts, `rlhf.config.checks.validate` checks the graph and
+    calls the components' preflight hooks, and raises one PreflightError naming every problem.
+    """
+    from rlhf.config.checks import validate
     from rlhf.runtime.local import LocalRuntime
 
     if fdl.get_callable(graph) is not Experiment:
         raise TypeError(f"the root of an experiment graph must be fdl.Config(Experiment, ...), got {graph!r}")
-    preflight(graph)
+    validate(graph, stages)
     runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
     tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_root = Path(graph.output_dir) / graph.name / stamp
+    resumable = graph.run_name is not None
+    run_folder = graph.run_name or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_root = Path(graph.output_dir) / graph.name / run_folder
     experiment_hash = graph_hash(graph)
     results: dict[str, dict[str, Any]] = {}
     try:
         for stage_name, stage_graph in graph.stages.items():
             if stages is not None and stage_name not in stages:
                 continue
+            stage_dir = out_root / stage_name
+            if resumable and (stage_dir / _RESULT).exists():  # finished by an earlier invocation
+                results[stage_name] = json.loads((stage_dir / _RESULT).read_text())
+                continue
             refs = stage_references(stage_graph)
             parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
             resolved = resolve_stage_outputs(stage_graph, results, stage_name)
             plan = compile_graph(resolved)
-            run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash)
+            previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None
+            if tracker is not None and previous:
+                run = tracker.resume_run(previous)
+            else:
+                run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
+                             run_params, tags)
             with run:
+                if resumable and run.hash:
+                    _write_json(stage_dir / _RUN, {"run_hash": run.hash})
                 groups = runtime.start_groups(plan)
                 try:
                     stage = fdl.build(bind_groups(plan.driver, groups))
                     ctx = StageContext(
-                        out_dir=out_root / stage_name,
+                        out_dir=stage_dir,
                         log=run.track,
                         record=run.set_params,
                         name=stage_name,
                         progress=graph.progress,
+                        resume=resumable,
                     )
                     result = dict(stage.run(ctx))
                 finally:
@@ -136,13 +160,30 @@ def run_experiment(
                 result["parent_run"] = parent
                 if "checkpoint" in result:
                     run.set_params({"checkpoint": str(result["checkpoint"])})
+            if resumable:
+                _write_json(stage_dir / _RESULT, result)
             results[stage_name] = result
     finally:
         runtime.shutdown()
     return results
 
 
-def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash):
+_RESULT, _RUN = "result.json", "run.json"
+
+
+def _read_json(path: Path) -> dict:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _write_json(path: Path, data: Mapping[str, Any]) -> None:
+    """Atomic: a crash leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, default=str, indent=1))
+    os.replace(tmp, path)
+
+
+def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
     if tracker is None:
         return _NoRun()
     from rlhf.tracking.lineage import lineage_params
@@ -156,4 +197,5 @@ def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experim
         plan_text=plan.describe(),
     )
     params["experiment_hash"] = experiment_hash
-    return tracker.start_run(stage, params=params, parent_run=parent)
+    params.update(run_params or {})
+    return tracker.start_run(stage, params=params, parent_run=parent, tags=tags)

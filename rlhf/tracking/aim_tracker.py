@@ -90,6 +90,24 @@ class AimTracker:
             tracked.save_artifact(GRAPH_ARTIFACT, params["graph_json"])
         return tracked
 
+    def resume_run(self, run_hash: str) -> TrackedRun:
+        """Reopens an earlier run to continue it (a resumed job logs into the same run).
+
+        Re-tracking a step that the run already holds replaces its value, so the steps a
+        resumed job repeats after its last checkpoint are not duplicated.
+        """
+        run = aim.Run(
+            run_hash=run_hash,
+            repo=self.repo,
+            experiment=self.experiment,
+            system_tracking_interval=self._system_tracking_interval,
+            capture_terminal_logs=self._capture_terminal_logs,
+            log_system_params=False,
+        )
+        tracked = TrackedRun(run, self.repo)
+        tracked.set_params({"status": "running", "resumed": int(run.get("resumed") or 0) + 1})
+        return tracked
+
 
 class TrackedRun:
     """One open Aim run. A context manager: an exception closes it as "failed" (KeyboardInterrupt

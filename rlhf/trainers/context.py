@@ -23,3 +23,4 @@ class StageContext:
     record: Callable[[Mapping[str, Any]], None] = _ignore  # run params (e.g. data fingerprints)
     name: str = "stage"
     progress: bool = True  # show a progress bar on the console
+    resume: bool = False  # continue from the newest complete checkpoint in out_dir, if any

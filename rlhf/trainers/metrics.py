@@ -29,6 +29,11 @@ def rollout_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
     if "advantages" in batch:
         metrics.update(_stats("critic/advantages", batch["advantages"][mask]))
         metrics.update(_stats("critic/returns", batch["returns"][mask]))
+    if "values" in batch:
+        values, returns = batch["values"][mask], batch["returns"][mask]
+        metrics.update(_stats("critic/values", values))
+        # 1 - Var(returns - values) / Var(returns): 1 is a perfect critic, <= 0 is useless
+        metrics["critic/vf_explained_var"] = float(1 - (returns - values).var() / returns.var().clamp(min=1e-8))
     if "rollout_log_probs" in batch and "old_log_probs" in batch:
         gap = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()
         metrics["rollout_corr/log_prob_abs_diff"] = float(masked_mean(gap, mask.float()))

@@ -1,26 +1,35 @@
-"""The RL trainer (PPO family; GRPO by default): the driver loop of one RL stage.
+"""The RL trainer (PPO family: GRPO, PPO with a critic, ...): the driver loop of one RL stage.
 
-generate -> reward -> old/ref log-probs (when needed) -> advantages -> actor update -> log.
-The policy group does the model work; everything here is light bookkeeping on the driver.
+generate -> reward -> old/ref log-probs (when needed) -> values -> KL penalty -> advantages
+-> critic update -> actor update -> log -> validate -> checkpoint. Worker groups do the model
+work; everything here is light bookkeeping on the driver. The weight sync to the rollout
+engine is free: the HF engine generates with the actor's own module (hybrid engine).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from rlhf.algos import GRPO, AdvantageInputs, group_ids_from_uids
+from rlhf.algos import GRPO, AdvantageInputs, apply_kl_penalty, group_ids_from_uids, kl_k1
 from rlhf.batch import Batch
 from rlhf.data.prompts import PromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
+from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
+from rlhf.trainers.records import RolloutRecorder, truncate_records
 from rlhf.trainers.scoring import score_rollout
 from rlhf.trainers.timing import timed
+
+
+class NonFiniteTrainingError(FloatingPointError):
+    """Gradients were NaN/Inf for too many consecutive steps; the weights were never touched."""
 
 
 class RLTrainer:
@@ -36,16 +45,29 @@ class RLTrainer:
         sampling: SamplingParams = SamplingParams(n=8, temperature=1.0, max_new_tokens=32),
         prompts_per_step: int = 16,  # prompts per RL step; samples per step = prompts x sampling.n
         total_steps: int = 100,
+        critic=None,  # WorkerGroup of CriticWorker; required by estimators with requires_critic (GAE)
+        critic_warmup: int = 0,  # steps that train only the critic before the actor starts
+        kl_in_reward=None,  # FixedKLController / AdaptiveKLController: KL penalty in the reward; None: off
+        kl_estimator=kl_k1,  # per-token KL estimator of the reward penalty
         evaluator: Evaluator | None = None,
         test_freq: int = 0,  # validate every k steps (0: only at the end); always at the end
         val_before_train: bool = False,
+        save_freq: int = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
+        keep_checkpoints: int = 2,  # complete checkpoints kept (oldest deleted)
+        max_nonfinite_steps: int = 3,  # consecutive steps with NaN/Inf gradients before stopping
+        records: RolloutRecorder | None = None,  # write rollouts to <stage dir>/rollouts.jsonl
         seed: int = 0,
     ):
         reward.check_sources(set(r["data_source"] for r in train_data.rows))
-        if getattr(advantage, "requires_critic", False):
+        if getattr(advantage, "requires_critic", False) and critic is None:
             raise ValueError(
-                f"{type(advantage).__name__} needs a critic (values), and this trainer has no critic group. "
-                "Use a critic-free estimator such as GRPO, or the PPO trainer with a critic."
+                f"{type(advantage).__name__} needs a critic (values), but RLTrainer.critic is None. Add a critic "
+                "group (see experiments/qwen_gsm8k_ppo.py) or use a critic-free estimator such as GRPO."
+            )
+        if isinstance(advantage, GRPO) and sampling.n < 2:
+            raise ValueError(
+                "GRPO compares samples of the same prompt, but sampling.n is 1: every advantage would be 0. "
+                "Set sampling.n >= 2 (verl's rollout.n)."
             )
         self.policy = policy
         self.tokenizer = tokenizer
@@ -55,32 +77,59 @@ class RLTrainer:
         self.sampling = sampling
         self.prompts_per_step = prompts_per_step
         self.total_steps = total_steps
+        self.critic = critic
+        self.critic_warmup = critic_warmup
+        self.kl_in_reward = kl_in_reward
+        self.kl_estimator = kl_estimator
         self.evaluator = evaluator
         self.test_freq = test_freq
         self.val_before_train = val_before_train
+        self.save_freq = save_freq
+        self.keep_checkpoints = keep_checkpoints
+        self.max_nonfinite_steps = max_nonfinite_steps
+        self.records = records
         self.seed = seed
 
+    # ---------------------------------------------------------------- loop
     def run(self, ctx: StageContext) -> dict:
+        checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
+        start = self.restore(checkpoints, ctx) if ctx.resume else 0
         ctx.record({"data": {"train": self.train_data.fingerprint}})
         needs = self.policy.requirements()[0]
-        if self.evaluator is not None and self.val_before_train:
+        if self.evaluator is not None and self.val_before_train and start == 0:
             ctx.log(self.evaluator(self.policy), 0)
-        prompts_iter = self.train_data.shuffled(self.prompts_per_step, self.seed)
-        bar = tqdm(range(1, self.total_steps + 1), desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
+        prompts = self.train_data.shuffled(self.prompts_per_step, self.seed, start_step=start)
+        bar = tqdm(
+            range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
+            desc=ctx.name, disable=not ctx.progress, mininterval=1.0,
+        )
         metrics: dict[str, float] = {}
+        bad_steps = 0
         for step in bar:
-            metrics = self.step(next(prompts_iter), needs)
+            metrics, batch = self.step(next(prompts), needs, step)
+            bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
+            if bad_steps >= self.max_nonfinite_steps:
+                raise NonFiniteTrainingError(
+                    f"gradients were NaN/Inf in {bad_steps} consecutive steps (up to step {step}); those updates "
+                    "were skipped and no checkpoint with non-finite weights was written. Lower the learning rate, "
+                    "check rewards for NaN, or raise RLTrainer.max_nonfinite_steps."
+                )
             if self.evaluator is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
                 metrics.update(self.evaluator(self.policy))
             ctx.log(metrics, step)
+            if self.records is not None:
+                self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch))
+            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
+                self.save(checkpoints, step, ctx)
             bar.set_postfix(
-                reward=f"{metrics['critic/score/mean']:.3f}", pg_loss=f"{metrics['actor/pg_loss']:.3f}", refresh=False
+                reward=f"{metrics['critic/score/mean']:.3f}", pg_loss=f"{metrics.get('actor/pg_loss', 0.0):.3f}",
+                refresh=False,
             )
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
         return {"checkpoint": checkpoint, "metrics": metrics}
 
-    def step(self, prompts: Batch, needs: dict[str, bool]) -> dict[str, float]:
-        """One RL step; returns its metrics."""
+    def step(self, prompts: Batch, needs: dict[str, bool], step: int) -> tuple[dict[str, float], Batch]:
+        """One RL step; returns its metrics and the scored batch."""
         timing: dict[str, float] = {}
         start = time.perf_counter()
         with timed(timing, "gen"):
@@ -88,29 +137,92 @@ class RLTrainer:
         with timed(timing, "reward"):
             scores, reward_metrics = score_rollout(batch, self.tokenizer, self.reward)
             batch = batch.union(scores)
-        if needs["old_log_probs"]:
+        if needs["old_log_probs"] or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
-        if needs["ref"]:
+        if needs["ref"] or self.kl_in_reward is not None:
             with timed(timing, "ref"):
                 batch = batch.union(self.policy.compute_ref_log_probs(batch))
+        if self.critic is not None:
+            with timed(timing, "values"):
+                batch = batch.union(self.critic.compute_values(batch))
         with timed(timing, "adv"):
-            batch["token_level_rewards"] = batch["token_level_scores"]
+            kl_metrics = self._rewards(batch)
             inputs = AdvantageInputs(
                 token_level_rewards=batch["token_level_rewards"],
                 response_mask=batch["response_mask"],
                 group_ids=group_ids_from_uids(batch["uid"]),
+                values=batch["values"] if "values" in batch else None,
             )
             batch["advantages"], batch["returns"] = self.advantage(inputs)
-        with timed(timing, "update_actor"):
-            actor_metrics = mean_over_ranks(self.policy.update(batch))
+        update_metrics: dict[str, float] = {}
+        if self.critic is not None:
+            with timed(timing, "update_critic"):
+                update_metrics.update(mean_over_ranks(self.critic.update(batch)))
+        if step > self.critic_warmup:
+            with timed(timing, "update_actor"):
+                update_metrics.update(mean_over_ranks(self.policy.update(batch)))
         timing["timing_s/step"] = time.perf_counter() - start
         tokens = float(batch["attention_mask"].sum())
-        return {
+        metrics = {
             **rollout_metrics(batch, self.sampling.max_new_tokens),
             **reward_metrics,
-            **actor_metrics,
+            **kl_metrics,
+            **update_metrics,
             **timing,
             "perf/throughput": tokens / timing["timing_s/step"] / self.policy.world_size,
             "perf/total_num_tokens": tokens,
         }
+        return metrics, batch
+
+    def _rewards(self, batch: Batch) -> dict[str, float]:
+        """token_level_rewards: the scores, minus the KL penalty when it is in the reward."""
+        if self.kl_in_reward is None:
+            batch["token_level_rewards"] = batch["token_level_scores"]
+            return {}
+        rewards, kl = apply_kl_penalty(
+            batch["token_level_scores"], batch["old_log_probs"], batch["ref_log_probs"], batch["response_mask"],
+            coef=self.kl_in_reward.value, estimator=self.kl_estimator,
+        )
+        batch["token_level_rewards"] = rewards
+        mask = batch["response_mask"]
+        # the controller tracks the mean per-sequence KL (Ziegler et al.), as verl does
+        current = float(((kl * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)).mean())
+        coef = self.kl_in_reward.value
+        self.kl_in_reward.update(current, len(batch))
+        return {"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": coef}
+
+    def _prompt_texts(self, batch: Batch) -> list[str]:
+        ids, mask = batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]]
+        return self.tokenizer.batch_decode([r[m.bool()].tolist() for r, m in zip(ids, mask)], skip_special_tokens=False)
+
+    # -------------------------------------------------------- checkpoints
+    def save(self, checkpoints: CheckpointManager, step: int, ctx: StageContext) -> Path:
+        groups = [("policy", self.policy)] + ([("critic", self.critic)] if self.critic is not None else [])
+        for name, group in groups:
+            if not all(group.weights_finite()):
+                raise NonFiniteTrainingError(
+                    f"the {name} weights are not finite at step {step}; refusing to write a checkpoint. "
+                    f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
+                )
+
+        def write_parts(folder: Path) -> None:
+            for name, group in groups:
+                group.save_state(str(folder / name))
+
+        state = {"kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None}
+        return checkpoints.save(step, write_parts, state)
+
+    def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
+        """Load the newest complete checkpoint, if any; returns the step to continue after."""
+        latest = checkpoints.latest()
+        if latest is None:
+            return 0
+        state = CheckpointManager.read_state(latest)
+        self.policy.load_state(str(latest / "policy"))
+        if self.critic is not None:
+            self.critic.load_state(str(latest / "critic"))
+        if self.kl_in_reward is not None and state.get("kl_in_reward") is not None:
+            self.kl_in_reward.load_state_dict(state["kl_in_reward"])
+        truncate_records(ctx.out_dir, state["step"])
+        return int(state["step"])

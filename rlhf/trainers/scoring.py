@@ -18,7 +18,8 @@ def decode_responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[s
 def score_rollout(batch: Batch, tokenizer: PreTrainedTokenizerBase, reward: RewardManager) -> tuple[Batch, dict]:
     """`token_level_scores` (B,R): each response's score on its last valid token, 0 elsewhere."""
     texts = decode_responses(batch, tokenizer)
-    out = reward(texts, batch["data_source"], batch["ground_truth"], batch["extra_info"])
+    lengths = batch["response_mask"].sum(dim=1).tolist()  # for overlong shaping (DAPO)
+    out = reward(texts, batch["data_source"], batch["ground_truth"], batch["extra_info"], response_lengths=lengths)
     scores = torch.tensor(out.scores, dtype=torch.float32)
     mask = batch["response_mask"]
     token_level = torch.zeros(mask.shape, dtype=torch.float32)

@@ -1,0 +1,113 @@
+"""The critic worker: a value model V(s_t) per response token, trained with a clipped value loss.
+
+The value model is a token-classification head with one label on the policy's backbone
+(`AutoModelForTokenClassification`, as verl does); starting from a causal-LM checkpoint,
+the head is freshly initialised. Value t estimates the return from the state before
+response token t is generated, i.e. the model's output at position P+t-1.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from transformers import AutoModelForTokenClassification
+
+from rlhf.algos import ClippedValueLoss, masked_mean
+from rlhf.batch import Batch
+from rlhf.models.loading import resolve_model_path
+from rlhf.workers.accelerator import Strategy
+from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
+from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
+
+
+def load_value_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    model = AutoModelForTokenClassification.from_pretrained(
+        resolve_model_path(name_or_path), num_labels=1, dtype=getattr(torch, dtype)
+    )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    return model
+
+
+def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
+    """(B,T) values at the positions that predict each response token."""
+    t = batch["responses"].shape[1]
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
+    return out.logits[:, -t - 1 : -1, 0].float() * batch["response_mask"]
+
+
+class CriticWorker:
+    """Computes and trains values on one data-parallel rank."""
+
+    def __init__(
+        self,
+        model_path: str,
+        value_loss: ClippedValueLoss | None = None,  # None means ClippedValueLoss()
+        optimizer: OptimizerFactory = torch.optim.AdamW,
+        lr_scheduler: SchedulerFactory | None = None,
+        strategy: Strategy = "auto",
+        dtype: str = "float32",
+        micro_batch_size: int = 64,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        grad_clip: float | None = 1.0,
+        seed: int = 0,
+    ):
+        self.value_loss = value_loss if value_loss is not None else ClippedValueLoss()
+        self.trainer = ModelTrainer(
+            load_value_model(model_path, dtype),
+            optimizer,
+            lr_scheduler,
+            strategy=strategy,
+            micro_batch_size=micro_batch_size,
+            mini_batches=mini_batches,
+            epochs=epochs,
+            grad_clip=grad_clip,
+            prefix="critic",
+        )
+        torch.manual_seed(seed + self.trainer.rank)
+
+    @staticmethod
+    def preflight(arguments: dict) -> None:
+        if isinstance(arguments.get("model_path"), str):
+            resolve_model_path(arguments["model_path"])
+
+    @shard
+    @torch.no_grad()
+    def compute_values(self, batch: Batch) -> Batch:
+        """`values` (B,T) before this step's critic update."""
+        self.trainer.model.eval()
+        batch = batch.to(self.trainer.device)
+        parts = [response_values(self.trainer.model, mb) for mb in batch.split(self.trainer.micro_batch_size)]
+        return Batch({"values": torch.cat(parts).cpu()})
+
+    @shard_exact
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Fit `returns` with the clipped value loss around the rollout-time `values`."""
+        start = time.perf_counter()
+
+        def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
+            values = response_values(self.trainer.model, micro)
+            loss, raw = self.value_loss(
+                values, micro["values"], micro["returns"], micro["response_mask"], num_tokens=num_tokens, num_seqs=num_seqs
+            )
+            metrics = {f"critic/{k}": float(v) for k, v in raw.items()}
+            metrics["critic/vpred_mean"] = float(masked_mean(values.detach(), micro["response_mask"]))
+            return loss, metrics
+
+        out = self.trainer.update(batch, micro_loss)
+        out["timing_s/update_critic_worker"] = time.perf_counter() - start
+        return out
+
+    @on_all_ranks
+    def save_state(self, path: str) -> None:
+        self.trainer.save_state(path)
+
+    @on_all_ranks
+    def load_state(self, path: str) -> None:
+        self.trainer.load_state(path)
+
+    @on_all_ranks
+    def weights_finite(self) -> bool:
+        return self.trainer.parameters_finite()

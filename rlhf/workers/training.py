@@ -1,0 +1,193 @@
+"""`ModelTrainer`: one trained model on one data-parallel rank, and its update loop.
+
+Shared by the policy and the critic: Accelerate owns device placement and the DDP/FSDP
+wrapper; `update` runs `epochs x mini_batches` optimizer steps with micro-batch gradient
+accumulation. Every loss is normalised by the GLOBAL token and sequence counts of its
+mini-batch (summed over ranks) and multiplied by the world size, because DDP averages
+gradients: the update then equals one process's update on the whole global batch.
+A step whose gradient norm is not finite is skipped, so NaN/Inf never reach the weights.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import shutil
+import tempfile
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from rlhf.batch import Batch
+from rlhf.workers.accelerator import Strategy, make_accelerator
+
+OptimizerFactory = Callable[..., torch.optim.Optimizer]
+SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+# (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens)
+MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, float]]]
+
+
+class ModelTrainer:
+    """Owns a model, its optimizer and LR schedule on this rank, and trains it on Batches."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: OptimizerFactory | None,  # None: the model is only evaluated
+        lr_scheduler: SchedulerFactory | None = None,
+        strategy: Strategy = "auto",
+        micro_batch_size: int = 64,
+        mini_batches: int = 1,
+        epochs: int = 1,
+        grad_clip: float | None = 1.0,
+        prefix: str = "actor",  # metric namespace: actor/grad_norm, critic/grad_norm ...
+    ):
+        self.accelerator = make_accelerator(strategy)
+        self.rank = self.accelerator.process_index
+        self.world_size = self.accelerator.num_processes
+        self.micro_batch_size = micro_batch_size
+        self.mini_batches = mini_batches
+        self.epochs = epochs
+        self.grad_clip = grad_clip
+        self.prefix = prefix
+        self.skipped_steps = 0
+        if optimizer is not None:
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer(model.parameters()))
+            self.scheduler = lr_scheduler(self.optimizer) if lr_scheduler is not None else None
+            if self.scheduler is not None:  # saved by save_state; not prepared (that would step it per rank)
+                self.accelerator.register_for_checkpointing(self.scheduler)
+        else:
+            self.model = model.to(self.accelerator.device)
+            self.optimizer = self.scheduler = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.accelerator.device
+
+    def unwrapped(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model)
+
+    def global_sum(self, value: float) -> float:
+        if self.world_size == 1:
+            return value
+        t = torch.tensor([value], dtype=torch.float64, device=self.device)
+        return float(self.accelerator.reduce(t, reduction="sum").item())
+
+    def update(self, batch: Batch, micro_loss: MicroLoss) -> dict[str, float]:
+        """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics."""
+        if self.optimizer is None:
+            raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
+        self.model.train()
+        batch = batch.to(self.device)
+        sums: dict[str, float] = defaultdict(float)
+        weights: dict[str, float] = defaultdict(float)
+        mini_size = math.ceil(len(batch) / self.mini_batches)
+        grad_norms, skipped = [], 0
+        for _ in range(self.epochs):
+            for mini in batch.split(mini_size):
+                num_tokens = self.global_sum(float(mini["response_mask"].sum()))
+                num_seqs = self.global_sum(float(len(mini)))
+                self.optimizer.zero_grad(set_to_none=True)
+                micros = mini.split(self.micro_batch_size)
+                for i, micro in enumerate(micros):
+                    last = i == len(micros) - 1
+                    with contextlib.nullcontext() if last else self.accelerator.no_sync(self.model):
+                        loss, metrics = micro_loss(micro, num_tokens, num_seqs)
+                        self.accelerator.backward(loss * self.world_size)
+                    tokens = float(micro["response_mask"].sum())
+                    for k, v in metrics.items():
+                        sums[k] += v * tokens
+                        weights[k] += tokens
+                grad_norm = self._clip_grad()
+                grad_norms.append(grad_norm)
+                if math.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:  # a non-finite gradient never reaches the weights
+                    skipped += 1
+                    self.optimizer.zero_grad(set_to_none=True)
+                if self.scheduler is not None:
+                    self.scheduler.step()
+        self.skipped_steps += skipped
+        out = {k: sums[k] / max(weights[k], 1.0) for k in sums}
+        finite = [g for g in grad_norms if math.isfinite(g)]
+        out[f"{self.prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
+        out[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
+        out[f"{self.prefix}/nonfinite_steps"] = float(skipped)
+        return out
+
+    def _clip_grad(self) -> float:
+        if self.grad_clip is None:
+            norms = [p.grad.norm() for p in self.model.parameters() if p.grad is not None]
+            return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        return float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+
+    # ------------------------------------------------------------ state I/O
+    def save_pretrained(self, path: str, tokenizer=None) -> str:
+        """A Hugging Face model folder (weights + tokenizer), written atomically by rank 0."""
+        self.accelerator.wait_for_everyone()
+        state = self.accelerator.get_state_dict(self.model)
+        if self.accelerator.is_main_process:
+            atomic_write_dir(path, lambda tmp: _save_hf(self.unwrapped(), state, tokenizer, tmp))
+        self.accelerator.wait_for_everyone()
+        return path
+
+    def save_state(self, path: str) -> None:
+        """Model, optimizer, LR scheduler and every rank's RNG states (Accelerate's format)."""
+        self.accelerator.save_state(path, safe_serialization=True)
+
+    def load_state(self, path: str) -> None:
+        self.accelerator.load_state(path)
+
+    def parameters_finite(self) -> bool:
+        return all(torch.isfinite(p).all() for p in self.unwrapped().parameters())
+
+
+def _save_hf(model: torch.nn.Module, state: dict, tokenizer, folder: Path) -> None:
+    model.save_pretrained(folder, state_dict=state)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+
+
+def atomic_write_dir(path: str, write: Callable[[Path], None]) -> None:
+    """Write a folder under a temporary name, fsync its files, then rename it into place.
+
+    A crash (or a full disk) mid-write leaves any previous folder at `path` intact.
+    """
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        write(tmp)
+        fsync_tree(tmp)
+        old = None
+        if target.exists():
+            old = target.with_name(f".{target.name}.old-{os.getpid()}")
+            os.rename(target, old)
+        os.rename(tmp, target)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        _fsync_dir(target.parent)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def fsync_tree(folder: Path) -> None:
+    for root, _, files in os.walk(folder):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(root))
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,72 @@
+"""A small resumable RL job, run as a subprocess by test_resume.py (which may SIGKILL it).
+
+usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray]
+"""
+
+import sys
+
+import fiddle as fdl
+import torch
+from transformers import get_cosine_schedule_with_warmup
+
+from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
+from rlhf.data.generators import arithmetic_rows
+from rlhf.data.prompts import PromptDataset
+from rlhf.models.loading import load_tokenizer
+from rlhf.rewards.arithmetic import exact_match_score
+from rlhf.rewards.manager import RewardManager
+from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.experiment import Experiment, run_experiment
+from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.ray_runtime import RayRuntime
+from rlhf.tracking.aim_tracker import AimTracker
+from rlhf.trainers.records import RolloutRecorder
+from rlhf.trainers.rl import RLTrainer
+from rlhf.workers.objectives import PolicyObjective
+from rlhf_configs.pieces import policy_group
+
+TOTAL_STEPS = 8
+
+
+def graph(model: str, out: str, aim: str, ray: bool) -> fdl.Config[Experiment]:
+    tokenizer = fdl.Config(load_tokenizer, model)
+    stage = fdl.Config(
+        RLTrainer,
+        policy=policy_group(
+            model_path=model,
+            ref_model_path=model,
+            objective=fdl.Config(
+                PolicyObjective, policy_loss=fdl.Config(PPOClipLoss), kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.01)
+            ),
+            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-3),
+            lr_scheduler=fdl.Partial(get_cosine_schedule_with_warmup, num_warmup_steps=2, num_training_steps=16),
+            micro_batch_size=8,
+            mini_batches=2,  # off-policy: old log-probs, two optimizer steps per RL step
+        ),
+        tokenizer=tokenizer,
+        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=24), tokenizer=tokenizer),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
+        advantage=fdl.Config(GRPO),
+        sampling=fdl.Config(SamplingParams, n=4, max_new_tokens=6),
+        prompts_per_step=4,  # 6 steps per epoch: the run crosses an epoch boundary
+        total_steps=TOTAL_STEPS,
+        save_freq=1,
+        keep_checkpoints=2,
+        records=fdl.Config(RolloutRecorder),
+    )
+    return fdl.Config(
+        Experiment,
+        name="resume",
+        stages={"rl": stage},
+        runtime=fdl.Config(RayRuntime, num_cpus=2) if ray else fdl.Config(LocalRuntime),
+        tracker=fdl.Config(AimTracker, repo=aim, experiment="resume"),
+        output_dir=out,
+        run_name="job",
+        progress=False,
+    )
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    model, out, aim = sys.argv[1:4]
+    run_experiment(graph(model, out, aim, ray="ray" in sys.argv[4:]))

@@ -1,0 +1,76 @@
+"""A run killed with SIGKILL at a random step and resumed ends bit-identical to an uninterrupted one."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhf.tracking.query import find_runs, metric_values
+from rlhf.trainers.records import read_records
+from helpers import tiny_model_path
+
+JOB = Path(__file__).with_name("resume_job.py")
+METRICS = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"]
+
+
+def job(out: Path, aim: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.Popen(
+        [sys.executable, str(JOB), tiny_model_path(), str(out), str(aim), *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> None:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / "resume" / "job" / "rl" / "final" / "model.safetensors"))
+
+
+def logged(aim: Path) -> dict[str, list]:
+    (run,) = find_runs(str(aim), experiment="resume")
+    return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
+
+
+def run_killed_then_resumed(tmp: Path, kill_at: int, *extra: str) -> None:
+    out, aim = tmp / "out", tmp / "aim"
+    proc = job(out, aim, *extra)
+    marker = out / "resume" / "job" / "rl" / "checkpoints" / f"step_{kill_at:08d}"
+    deadline = time.time() + 300
+    while not marker.exists():
+        assert proc.poll() is None, f"job ended before step {kill_at}: {proc.stderr.read()[-2000:]}"
+        assert time.time() < deadline, "job too slow"
+        time.sleep(0.05)
+    time.sleep(random.Random(kill_at).uniform(0.0, 0.4))  # somewhere inside the next step
+    os.killpg(proc.pid, signal.SIGKILL) if extra else proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    finish(job(out, aim, *extra))
+
+
+@pytest.mark.slow
+def test_sigkill_and_resume_is_bit_identical(tmp_path):
+    finish(job(tmp_path / "ref" / "out", tmp_path / "ref" / "aim"))
+    kill_at = random.Random(os.getpid()).randint(1, 6)
+    run_killed_then_resumed(tmp_path / "killed", kill_at)
+
+    expected, resumed = weights(tmp_path / "ref" / "out"), weights(tmp_path / "killed" / "out")
+    assert expected.keys() == resumed.keys()
+    for k in expected:
+        assert torch.equal(expected[k], resumed[k]), f"{k} differs after resuming at step {kill_at}"
+    assert logged(tmp_path / "killed" / "aim") == logged(tmp_path / "ref" / "aim")  # no step lost or doubled
+    (run,) = find_runs(str(tmp_path / "killed" / "aim"), experiment="resume")
+    assert run["params"]["status"] == "finished" and run["params"]["resumed"] == 1
+    steps = [r["step"] for r in read_records(tmp_path / "killed" / "out" / "resume" / "job" / "rl")]
+    assert steps == sorted(steps) and set(steps) == set(range(1, 9)) and len(steps) == 8 * 16
+    ckpts = sorted(p.name for p in (tmp_path / "killed" / "out" / "resume" / "job" / "rl" / "checkpoints").iterdir())
+    assert ckpts == ["step_00000007", "step_00000008"]  # keep-last-2, no temporary folders left
