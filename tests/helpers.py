@@ -4,6 +4,9 @@ import functools
 import os
 import tempfile
 
+import fiddle as fdl
+import torch
+
 from rlhf.models.tiny import tiny_qwen2
 
 _ROOT = os.environ.get("RLHF_TEST_MODELS", os.path.join(tempfile.gettempdir(), "rlhf-test-models"))
@@ -15,4 +18,46 @@ def tiny_model_path(hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -
     return tiny_qwen2(
         os.path.join(_ROOT, f"h{hidden_size}-l{num_layers}-s{seed}"),
         hidden_size=hidden_size, num_layers=num_layers, intermediate_size=4 * hidden_size, seed=seed,
+    )
+
+
+def grpo_worker(**kw):
+    """A PolicyWorker on the tiny model with a PPO-clip + k3 KL objective."""
+    from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
+    from rlhf.workers.objectives import PolicyObjective
+    from rlhf.workers.policy import PolicyWorker
+
+    path = tiny_model_path()
+    objective = PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1))
+    return PolicyWorker(path, objective=objective, ref_model_path=path, micro_batch_size=4, **kw)
+
+
+def scored_rollout(worker, prompts=4, n=4, seed=0):
+    """A generated batch with random advantages and reference log-probs, ready for `update`."""
+    from rlhf.data.generators import arithmetic_rows
+    from rlhf.data.prompts import PromptDataset
+    from rlhf.models.loading import load_tokenizer
+    from rlhf.rollout.sampling import SamplingParams
+
+    data = PromptDataset(arithmetic_rows(prompts, seed=seed), load_tokenizer(tiny_model_path()))
+    torch.manual_seed(seed)
+    batch = worker.generate(data.collate(range(prompts)), SamplingParams(n=n, max_new_tokens=6))
+    g = torch.Generator().manual_seed(seed)
+    batch["advantages"] = torch.randn(len(batch), 1, generator=g) * batch["response_mask"]
+    return batch.union(worker.compute_ref_log_probs(batch))
+
+
+def group_plan(num_workers):
+    """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker)."""
+    from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
+    from rlhf.runtime.plan import compile_graph
+    from rlhf.workers.objectives import PolicyObjective
+    from rlhf_configs.pieces import policy_group
+
+    path = tiny_model_path()
+    objective = fdl.Config(
+        PolicyObjective, policy_loss=fdl.Config(PPOClipLoss), kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.1)
+    )
+    return compile_graph(
+        policy_group(num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3)
     )

@@ -331,7 +331,7 @@ class EvalJob:
         self.reward = reward
         self.generations = generations
         self.generation = generation
-        self.ks = tuple(sorted(set(int(k) for k in ks)))
+        self.ks = tuple(sorted({int(k) for k in ks}))
         self.extractors = default_extractors() if extractors is None else dict(extractors)
         self.out_dir = out_dir
         self.correct_score = correct_score

@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Hashable, Sequence
-from fractions import Fraction
 from typing import Any
 
 import numpy as np
@@ -61,17 +60,21 @@ def best_at_k(scores: Sequence[float], k: int) -> float:
     With the scores sorted ascending, s_(1) <= ... <= s_(n), the i-th smallest is the maximum
     of exactly C(i-1, k-1) of the C(n, k) subsets, so
 
-        best@k = sum_{i=k}^{n} s_(i) * C(i-1, k-1) / C(n, k)
+        best@k = sum_{i=k}^{n} s_(i) * w_i,   w_i = C(i-1, k-1) / C(n, k)
 
-    exactly (no sampling). For 0/1 scores it equals `pass_at_k(n, c, k)`. verl's `best@k/mean`
-    estimates the same quantity by bootstrap (draws with replacement), so its value is lower
-    for k > 1 and random.
+    exactly (no sampling). The weights are built without binomials, from w_n = k/n and
+    w_{i-1} = w_i * (i-k) / (i-1). For 0/1 scores best@k equals `pass_at_k(n, c, k)`. verl's
+    `best@k/mean` estimates the same quantity by bootstrap (draws with replacement), so its
+    value is lower for k > 1 and random.
     """
     n = len(scores)
     _check_k(n, k)
-    ordered = sorted(float(s) for s in scores)
-    total = math.comb(n, k)
-    return float(sum(s * float(Fraction(math.comb(i - 1, k - 1), total)) for i, s in enumerate(ordered, 1) if i >= k))
+    ordered = np.sort(np.asarray(scores, dtype=np.float64))
+    weights = np.zeros(n)
+    weights[n - 1] = k / n
+    for i in range(n, k, -1):  # w_{i-1} from w_i; positions are 1-based i -> index i-1
+        weights[i - 2] = weights[i - 1] * (i - k) / (i - 1)
+    return float(ordered @ weights)
 
 
 def majority_score(answers: Sequence[Hashable | None], scores: Sequence[float]) -> float:
@@ -108,19 +111,42 @@ def maj_at_k(
     computed exactly by enumerating the subsets when C(n, k) <= num_subsets, otherwise
     estimated from `num_subsets` uniformly random k-subsets drawn with a seeded RNG (verl
     estimates its `maj@k/mean` by bootstrap with replacement instead). At k = n it is the
-    majority vote over all responses.
+    majority vote over all responses. The votes of all subsets are counted at once (numpy);
+    `majority_score` is the reference it is tested against.
     """
     n = len(answers)
     if len(scores) != n:
         raise ValueError(f"maj_at_k: {n} answers but {len(scores)} scores")
     _check_k(n, k)
     if math.comb(n, k) <= num_subsets:
-        subsets: Any = itertools.combinations(range(n), k)
+        subsets = np.array(list(itertools.combinations(range(n), k)), dtype=np.int64).reshape(-1, k)
     else:
         rng = np.random.default_rng(seed)
-        subsets = (np.sort(rng.choice(n, size=k, replace=False)) for _ in range(num_subsets))
-    values = [majority_score([answers[i] for i in s], [scores[i] for i in s]) for s in subsets]
-    return float(sum(values) / len(values))
+        subsets = np.sort(rng.permuted(np.tile(np.arange(n), (num_subsets, 1)), axis=1)[:, :k], axis=1)
+    return float(np.mean(_majority_scores(answers, scores, subsets)))
+
+
+def _majority_scores(answers: Sequence[Hashable | None], scores: Sequence[float], subsets: np.ndarray) -> np.ndarray:
+    """`majority_score` of every row of `subsets` (S,k) of response indices, vectorised: (S,)."""
+    ids: dict[Hashable, int] = {}
+    codes = np.array([-1 if a is None else ids.setdefault(a, len(ids)) for a in answers], dtype=np.int64)
+    values = np.asarray(scores, dtype=np.float64)
+    num_subsets, k = subsets.shape
+    out = np.zeros(num_subsets)
+    if not ids:
+        return out
+    chunk = max(1, 2**24 // (k * len(ids)))  # bound the (chunk, k, answers) vote tensor
+    for start in range(0, num_subsets, chunk):
+        rows = subsets[start : start + chunk]
+        votes = codes[rows][:, :, None] == np.arange(len(ids))[None, None, :]  # (s,k,U)
+        counts = votes.sum(axis=1)  # (s,U)
+        first = np.where(votes.any(axis=1), votes.argmax(axis=1), k)  # first position of each answer
+        top = counts.max(axis=1, keepdims=True)
+        position = np.where((counts == top) & (counts > 0), first, k).min(axis=1)  # ties: seen first
+        voted = top[:, 0] > 0
+        picked = rows[np.arange(len(rows)), np.minimum(position, k - 1)]
+        out[start : start + len(rows)] = np.where(voted, values[picked], 0.0)
+    return out
 
 
 def bootstrap_ci(

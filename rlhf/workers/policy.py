@@ -173,8 +173,15 @@ class PolicyWorker:
 
     @on_all_ranks
     def save_state(self, path: str) -> None:
-        """Everything needed to resume exactly: weights, optimizer, LR schedule, RNG states."""
+        """Everything needed to resume exactly (weights, optimizer, LR schedule, RNG states),
+        plus the model config and tokenizer in `hf/`, so `rlhf export` can rebuild the model."""
         self.trainer.save_state(path)
+        if self.trainer.accelerator.is_main_process:
+            model = self.trainer.unwrapped()
+            model.config.save_pretrained(f"{path}/hf")
+            model.generation_config.save_pretrained(f"{path}/hf")
+            self.tokenizer.save_pretrained(f"{path}/hf")
+        self.trainer.accelerator.wait_for_everyone()
 
     @on_all_ranks
     def load_state(self, path: str) -> None:

@@ -1,32 +1,11 @@
 """One GRPO update with 2 Ray workers equals 1 worker on the same global batch."""
 
-import fiddle as fdl
 import pytest
 import torch
 
-from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
 from rlhf.runtime.local import LocalRuntime
-from rlhf.runtime.plan import compile_graph
 from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.workers.objectives import PolicyObjective
-from rlhf.workers.policy import PolicyWorker
-from rlhf_configs.pieces import policy_group
-from helpers import tiny_model_path
-from test_policy_worker import scored_rollout, grpo_worker
-
-
-def group_plan(num_workers):
-    path = tiny_model_path()
-    objective = fdl.Config(
-        PolicyObjective,
-        policy_loss=fdl.Config(PPOClipLoss),
-        kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.1),
-    )
-    return compile_graph(
-        policy_group(
-            num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3
-        )
-    )
+from helpers import group_plan, grpo_worker, scored_rollout
 
 
 @pytest.mark.slow

@@ -1,36 +1,15 @@
 """PolicyWorker on the tiny model: generation, log-probs, update, requirements, save."""
 
-import fiddle as fdl
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
-from rlhf.batch import Batch
+from rlhf.algos import KLLoss
 from rlhf.data.generators import arithmetic_rows
-from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
-from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
 from rlhf.workers.policy import PolicyWorker
-from helpers import tiny_model_path
-
-
-def grpo_worker(**kw):
-    path = tiny_model_path()
-    objective = PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1))
-    return PolicyWorker(path, objective=objective, ref_model_path=path, micro_batch_size=4, **kw)
-
-
-def scored_rollout(worker, prompts=4, n=4, seed=0):
-    tok = load_tokenizer(tiny_model_path())
-    data = PromptDataset(arithmetic_rows(prompts, seed=seed), tok)
-    torch.manual_seed(seed)
-    batch = worker.generate(data.collate(range(prompts)), SamplingParams(n=n, max_new_tokens=6))
-    g = torch.Generator().manual_seed(seed)
-    batch["advantages"] = torch.randn(len(batch), 1, generator=g) * batch["response_mask"]
-    batch = batch.union(worker.compute_ref_log_probs(batch))
-    return batch
+from helpers import grpo_worker, scored_rollout, tiny_model_path
 
 
 def test_trainer_log_probs_match_the_engines_before_any_update():

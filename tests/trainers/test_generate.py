@@ -1,0 +1,136 @@
+"""Batch generation on the tiny model: output rows, parquet copy, metrics, resume, Ctrl-C."""
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import tiny_model_path
+
+from rlhf.cli import generation_experiment, main
+from rlhf.data import DataError, arithmetic_rows, read_rows, write_rows
+from rlhf.data.prompts import PromptDataset
+from rlhf.models.loading import load_tokenizer
+from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.experiment import run_experiment
+from rlhf.trainers.context import StageContext
+from rlhf.trainers.generate import GenerationStage, output_paths
+from rlhf.workers.policy import PolicyWorker
+
+ROWS = 6
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    return str(write_rows(arithmetic_rows(ROWS, split="test"), tmp_path_factory.mktemp("data") / "prompts.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def worker() -> PolicyWorker:
+    return PolicyWorker(tiny_model_path())  # inference only
+
+
+def lines(path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def generate(data, out, n=2, local=True, **kw):
+    graph = generation_experiment(tiny_model_path(), data, str(out), n=n, max_new_tokens=4, batch_size=2,
+                                  local=local, progress=False, **kw)
+    return run_experiment(graph)["generate"]
+
+
+def test_output_rows_are_the_input_rows_plus_responses_and_parquet_matches(tmp_path, data):
+    result = generate(data, tmp_path / "gens.jsonl")
+    rows = lines(result["generations"])
+    inputs, _ = read_rows(data)
+    assert [r["row_index"] for r in rows] == list(range(ROWS))
+    for row, source in zip(rows, inputs):
+        assert {k: row[k] for k in source} == source  # every input field kept as it was
+        assert len(row["responses"]) == 2 and all(isinstance(t, str) for t in row["responses"])
+        assert len(row["response_lengths"]) == 2 and all(1 <= x <= 4 for x in row["response_lengths"])
+        assert row["prompt_length"] > 0
+    parquet_rows, _ = read_rows(result["parquet"])
+    assert parquet_rows == rows
+    assert result["metrics"]["generate/prompts"] == ROWS and result["metrics"]["generate/prompts_resumed"] == 0
+
+
+def test_resume_skips_finished_rows_drops_a_partial_line_and_keeps_row_order(tmp_path, data):
+    out = tmp_path / "gens.jsonl"
+    first = lines(generate(data, out)["generations"])
+    # An interrupted job: rows 0, 3 and 5 were written (say by an earlier, differently batched
+    # run), then a crash cut the next line short.
+    kept = [first[0], first[3], first[5]]
+    out.write_text("".join(json.dumps(r) + "\n" for r in kept) + json.dumps(first[1])[:25])
+    with pytest.warns(UserWarning, match="partial last line"):
+        result = generate(data, out)
+    rows = lines(out)
+    assert [r["row_index"] for r in rows] == list(range(ROWS))  # no duplicates, stable order
+    for i in (0, 3, 5):
+        assert rows[i] == first[i]  # finished rows were not generated again
+    assert result["metrics"]["generate/prompts_resumed"] == 3
+    assert read_rows(out.with_suffix(".parquet"))[0] == rows
+
+
+def test_resume_refuses_an_output_of_another_job(tmp_path, data):
+    out = tmp_path / "gens.jsonl"
+    generate(data, out)
+    with pytest.raises(DataError, match="n=3"):
+        generate(data, out, n=3)
+    other = write_rows(arithmetic_rows(ROWS, split="test", seed=5), tmp_path / "other.jsonl")
+    with pytest.raises(DataError, match="differs from the dataset"):
+        generate(str(other), out)
+
+
+class OneWorkerGroup:
+    """The worker behind a 1-worker group's interface; Ctrl-C arrives on call `stop_at`, if given."""
+
+    def __init__(self, worker, stop_at=None):
+        self.worker, self.stop_at, self.calls = worker, stop_at, 0
+        self.world_size = 1
+
+    def generate(self, prompts, sampling):
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt
+        return self.worker.generate(prompts, sampling)
+
+
+@pytest.mark.parametrize("write_every", [1, 2])
+def test_ctrl_c_keeps_every_finished_batch_and_a_rerun_completes(tmp_path, data, worker, write_every):
+    dataset = PromptDataset(read_rows(data)[0], load_tokenizer(tiny_model_path()))
+    sampling = SamplingParams(n=2, max_new_tokens=4)
+    out = tmp_path / "gens.jsonl"
+    stage = GenerationStage(OneWorkerGroup(worker, stop_at=3), dataset, sampling, str(out), batch_size=2,
+                            write_every=write_every)
+    with pytest.raises(KeyboardInterrupt):
+        stage.run(StageContext(out_dir=tmp_path, progress=False))
+    assert [r["row_index"] for r in lines(out)] == [0, 1, 2, 3]  # two finished batches, also when buffered
+    logged = []
+    stage = GenerationStage(OneWorkerGroup(worker), dataset, sampling, str(out), batch_size=2)
+    result = stage.run(StageContext(out_dir=tmp_path, log=lambda m, step: logged.append((step, m)), progress=False))
+    assert [r["row_index"] for r in lines(out)] == list(range(ROWS))
+    assert result["metrics"]["generate/prompts_resumed"] == 4
+    (step, metrics), = logged  # one batch was left; its step counts all prompts done
+    assert step == ROWS
+    for name in ("response_length/mean", "response_length/clip_ratio", "prompt_length/mean", "timing_s/gen",
+                 "perf/throughput", "perf/gen_tokens_per_s"):
+        assert name in metrics
+
+
+def test_output_names_and_the_cli(tmp_path, data, capsys):
+    assert output_paths("a/gens.parquet") == (Path("a/gens.jsonl"), Path("a/gens.parquet"))
+    with pytest.raises(ValueError, match=".jsonl or .parquet"):
+        output_paths("gens.csv")
+    out = tmp_path / "cli.parquet"
+    assert main(["generate", tiny_model_path(), "--data", data, "--out", str(out), "--n", "1",
+                 "--max-new-tokens", "3", "--local", "--quiet"]) == 0
+    assert "cli.jsonl" in capsys.readouterr().out
+    assert len(read_rows(out)[0]) == ROWS and len(lines(tmp_path / "cli.jsonl")) == ROWS
+
+
+@pytest.mark.slow
+def test_generation_is_data_parallel_over_two_ray_workers(tmp_path, data):
+    result = generate(data, tmp_path / "gens.jsonl", workers=2, local=False)
+    rows = lines(result["generations"])
+    assert [r["row_index"] for r in rows] == list(range(ROWS))
+    assert all(len(r["responses"]) == 2 for r in rows)

@@ -1,0 +1,39 @@
+"""Rollout records: sampled per step, truncated on resume, shown best/worst per group."""
+
+import torch
+
+from rlhf.batch import Batch
+from rlhf.trainers.records import RolloutRecorder, format_records, read_records, truncate_records
+
+
+def scored_batch():
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0], [1, 1, 0]])
+    scores = torch.zeros(4, 3)
+    scores[1, 2] = 1.0
+    return Batch(
+        {"response_mask": mask, "token_level_scores": scores, "advantages": torch.tensor([[-0.5] * 3, [1.5] * 3, [0.2] * 3, [0.1] * 3]) * mask},
+        {"uid": ["a", "a", "b", "b"], "ground_truth": ["7", "7", "9", "9"], "data_source": ["arithmetic"] * 4},
+    )
+
+
+def test_records_round_trip_and_show_best_and_worst(tmp_path):
+    rec = RolloutRecorder()
+    for step in (1, 2, 3):
+        rec.write(tmp_path, step, scored_batch(), ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+    rows = read_records(tmp_path, step=2)
+    assert len(rows) == 4 and {r["step"] for r in rows} == {2}
+    text = format_records([r for r in rows if r["uid"] == "a"])
+    assert "best  score +1.000 adv +1.500: '7'" in text and "worst score +0.000 adv -0.500: '6'" in text
+    truncate_records(tmp_path, last_step=1)
+    assert {r["step"] for r in read_records(tmp_path)} == {1}
+
+
+def test_sample_rate_records_whole_groups():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        written = sum(RolloutRecorder(sample_rate=0.5, seed=1).write(Path(d), s, scored_batch(), ["x"] * 4, ["p"] * 4) for s in range(20))
+        rows = read_records(Path(d))
+    assert 0 < written < 80 and written % 2 == 0  # groups of 2 are kept or dropped together
+    assert all(sum(1 for r in rows if (r["step"], r["uid"]) == (s, u)) == 2 for s, u in {(r["step"], r["uid"]) for r in rows})
