@@ -34,6 +34,7 @@ from rlhf.trainers.evaluate import EvalStage, Evaluator
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
+from rlhf_configs.algorithms import use_gae_with_critic
 from rlhf_configs.pieces import policy_group, tiny_model
 
 NAME = "arithmetic_tiny"
@@ -108,6 +109,15 @@ def base() -> fdl.Config[Experiment]:
     )
 
 
+def ppo(cfg: fdl.Config[Experiment]) -> None:
+    """PPO with a critic and GAE instead of GRPO: one sample per prompt, KL as a reward penalty."""
+    rl = cfg.stages["grpo"]
+    use_gae_with_critic(rl, critic_lr=1e-3)
+    rl.sampling.n = 1
+    rl.prompts_per_step = 128
+    rl.critic_warmup = 5
+
+
 def smoke(cfg: fdl.Config[Experiment]) -> None:
     """A few steps of each stage (tests and quick checks)."""
     cfg.stages["sft"].total_steps = 5
@@ -118,9 +128,9 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
         stage_eval.dataset.rows.n = 32
 
 
-def lr_sweep():
-    """GRPO learning rates around the default 5e-4: `--sweep lr_sweep`, compared in `rlhf ui`."""
-    return [{"stages.grpo.policy.worker.optimizer.lr": lr} for lr in (2e-4, 5e-4, 1e-3)]
+def lr_sweep(stage: str = "grpo", values: tuple[float, ...] = (2e-4, 5e-4, 1e-3)):
+    """Learning rates of one stage (GRPO's default is 5e-4): `--sweep lr_sweep`, compared in `rlhf ui`."""
+    return [{f"stages.{stage}.policy.worker.optimizer.lr": lr} for lr in values]
 
 
 if __name__ == "__main__":

@@ -43,6 +43,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(USAGE)
         return 0
     command, rest = argv[0], argv[1:]
+    if command == "serve":  # rlhf serve MODEL [--host --port --api-key ...]: an OpenAI-compatible server
+        from rlhf.serve import main as serve
+
+        return serve(rest)
     if command == "data":
         if not rest or rest[0] != "prepare":
             sys.exit("usage: rlhf data prepare TASK --out DIR")
@@ -88,134 +92,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     sys.exit(f"error: unknown command {command!r}\n\n{USAGE}")
 
 
-# ------------------------------------------------------------ rlhf generate / rlhf eval
-# The graphs of the two commands. They are fiddle graphs, so they are built up here at the
-# top layer (components under rlhf/ never import fiddle); both are plain experiments that
-# run_experiment runs like any other.
+from rlhf_configs.generate_eval import eval_experiment, generation_experiment  # noqa: E402
 
 
-def _generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens, batch_size,
-                      max_prompt_length, workers, gpus_per_worker, dtype, parent_run):
-    import fiddle as fdl
-
-    from rlhf.data.prompts import PromptDataset
-    from rlhf.data.sources import load_rows
-    from rlhf.models.loading import load_tokenizer
-    from rlhf.rollout.sampling import SamplingParams
-    from rlhf.trainers.generate import GenerationStage
-    from rlhf_configs.pieces import policy_group
-
-    tokenizer = fdl.Config(load_tokenizer, model)
-    return fdl.Config(
-        GenerationStage,
-        policy=policy_group(num_workers=workers, gpus_per_worker=gpus_per_worker, model_path=model, dtype=dtype),
-        dataset=fdl.Config(PromptDataset, rows=fdl.Config(load_rows, path=data), tokenizer=tokenizer,
-                           max_prompt_length=max_prompt_length, name="generate"),
-        sampling=fdl.Config(SamplingParams, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
-        output=out,
-        batch_size=batch_size,
-        parent_run=parent_run,
-    )
-
-
-def _root(name, stage, *, local, aim_repo, progress=True):
-    import fiddle as fdl
-
-    from rlhf.runtime.experiment import Experiment
-    from rlhf.runtime.local import LocalRuntime
-    from rlhf.runtime.ray_runtime import RayRuntime
-    from rlhf.tracking.aim_tracker import AimTracker
-
-    return fdl.Config(
-        Experiment,
-        name=name,
-        stages={name: stage},
-        runtime=fdl.Config(LocalRuntime if local else RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=aim_repo, experiment=name) if aim_repo else None,
-        progress=progress,
-    )
-
-
-def _parent(aim_repo, path, param="checkpoint"):
-    """The Aim run that wrote `path` (a trainer's checkpoint, a generations file), if tracked."""
-    if not aim_repo or path is None or not Path(path).exists():
-        return None
-    from rlhf.trainers.eval_job import producer_run
-
-    return producer_run(aim_repo, path, param)
-
-
-def generation_experiment(
-    model: str, data: str, out: str, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-    max_new_tokens: int = 512, batch_size: int = 64, max_prompt_length: int = 1024, workers: int = 1,
-    gpus_per_worker: float = 0, dtype: str = "float32", local: bool = False, aim_repo: str | None = None,
-    progress: bool = True,
-):
-    """`rlhf generate`: one GenerationStage over `data` with `model` (linked to the run that trained it)."""
-    stage = _generation_stage(
-        model, data, out, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
-        batch_size=batch_size, max_prompt_length=max_prompt_length, workers=workers,
-        gpus_per_worker=gpus_per_worker, dtype=dtype, parent_run=_parent(aim_repo, model),
-    )
-    return _root("generate", stage, local=local, aim_repo=aim_repo, progress=progress)
-
-
-def eval_experiment(
-    generations: str | None = None, model: str | None = None, data: str | None = None, out: str | None = None,
-    ks: tuple[int, ...] = (1, 2, 4, 8), n: int = 8, temperature: float = 1.0, top_p: float = 1.0,
-    max_new_tokens: int = 512, batch_size: int = 64, max_prompt_length: int = 1024, workers: int = 1,
-    gpus_per_worker: float = 0, dtype: str = "float32", n_boot: int = 1000, seed: int = 0,
-    local: bool = False, aim_repo: str | None = None, progress: bool = True,
-):
-    """`rlhf eval`: an EvalJob over a generations file, or over `model` x `data` (generated first,
-    into `<out>/generations.jsonl`, resumable). Scored with `default_scorers()`."""
-    import fiddle as fdl
-
-    from rlhf.rewards import RewardManager, default_scorers
-    from rlhf.trainers.eval_job import EvalJob
-
-    if (generations is None) == (model is None or data is None):
-        raise ValueError("give either generations=FILE, or model=MODEL and data=FILE")
-    generation = None
-    if generations is None:
-        generation = _generation_stage(
-            model, data, None if out is None else str(Path(out) / "generations.jsonl"), n=n,
-            temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
-            max_prompt_length=max_prompt_length, workers=workers, gpus_per_worker=gpus_per_worker,
-            dtype=dtype, parent_run=None,
-        )
-    stage = fdl.Config(
-        EvalJob,
-        reward=fdl.Config(RewardManager, scorers=fdl.Config(default_scorers)),
-        generations=generations,
-        generation=generation,
-        ks=tuple(ks),
-        out_dir=out,
-        n_boot=n_boot,
-        seed=seed,
-        parent_run=_parent(aim_repo, model) if model else _parent(aim_repo, generations, "generations"),
-    )
-    return _root("eval", stage, local=local or generation is None, aim_repo=aim_repo, progress=progress)
-
-
-def _sampling_parser(prog: str, n: int):
+def _sampling_parser(prog: str, builder):
+    """The flags shared by `rlhf generate` and `rlhf eval`; defaults come from `builder`'s signature."""
     import argparse
+    import inspect
 
-    p = argparse.ArgumentParser(prog=prog)
+    d = {name: p.default for name, p in inspect.signature(builder).parameters.items()}
+    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", help="prompts: .parquet / .jsonl / .json rows in verl's schema")
-    p.add_argument("--n", type=int, default=n, help=f"responses per prompt (default {n})")
-    p.add_argument("--temperature", type=float, default=1.0, help="0 is greedy (default 1.0)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--max-new-tokens", type=int, default=512)
-    p.add_argument("--batch-size", type=int, default=64, help="prompts per generate call, over all workers")
-    p.add_argument("--max-prompt-length", type=int, default=1024, help="longer prompts are skipped (tokens)")
-    p.add_argument("--workers", type=int, default=1, help="data-parallel policy workers (Ray)")
-    p.add_argument("--gpus-per-worker", type=float, default=0)
-    p.add_argument("--dtype", default="float32", help="float32, bfloat16 or float16")
+    p.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
+    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 is greedy")
+    p.add_argument("--top-p", type=float, default=d["top_p"], help="nucleus sampling")
+    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"], help="response length limit")
+    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="prompts per generate call, all workers")
+    p.add_argument("--max-prompt-length", type=int, default=d["max_prompt_length"], help="longer prompts are skipped")
+    p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
+    p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"], help="per policy worker")
+    p.add_argument("--dtype", default=d["dtype"], help="float32, bfloat16 or float16")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
-    p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (default: no tracking)")
+    p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
+    return p, d
 
 
 def _common(args) -> dict:
@@ -226,7 +126,7 @@ def _common(args) -> dict:
 
 
 def generate_main(argv: Sequence[str]) -> int:
-    p = _sampling_parser("rlhf generate", n=1)
+    p, _ = _sampling_parser("rlhf generate", generation_experiment)
     p.add_argument("model", help="model folder (e.g. a checkpoint .../final) or hub id")
     p.add_argument("--out", required=True, help="output .jsonl (resumable; a .parquet copy is written at the end)")
     args = p.parse_args(argv)
@@ -240,13 +140,15 @@ def generate_main(argv: Sequence[str]) -> int:
 
 
 def eval_main(argv: Sequence[str]) -> int:
-    p = _sampling_parser("rlhf eval", n=8)
+    p, d = _sampling_parser("rlhf eval", eval_experiment)
     p.add_argument("model", nargs="?", help="generate with this model first (with --data)")
     p.add_argument("--generations", help="score this file from `rlhf generate` instead of generating")
-    p.add_argument("--ks", default="1,2,4,8", help="comma-separated k of pass@k / maj@k (default 1,2,4,8)")
-    p.add_argument("--out", default=None, help="folder for eval_results.json, the plot (and generations)")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples for the confidence intervals")
-    p.add_argument("--seed", type=int, default=0)
+    ks = ",".join(map(str, d["ks"]))
+    p.add_argument("--ks", default=ks, help="comma-separated k of pass@k / maj@k")
+    p.add_argument("--out", default=None, help="folder for eval_results.json, the plot (and generations); "
+                   "None: outputs/eval/<time>/eval, not resumable")
+    p.add_argument("--n-boot", type=int, default=d["n_boot"], help="bootstrap resamples for the intervals")
+    p.add_argument("--seed", type=int, default=d["seed"], help="for the bootstrap and maj@k subsets")
     args = p.parse_args(argv)
     if (args.generations is None) == (args.model is None):
         p.error("give either --generations FILE, or MODEL with --data FILE")

@@ -131,6 +131,9 @@ def run_experiment(
                 continue
             refs = stage_references(stage_graph)
             parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
+            declared = getattr(stage_graph, "parent_run", None)  # e.g. EvalJob(parent_run=<the RL run>)
+            if parent is None and isinstance(declared, str):
+                parent = declared
             resolved = resolve_stage_outputs(stage_graph, results, stage_name)
             plan = compile_graph(resolved)
             previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None

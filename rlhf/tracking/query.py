@@ -78,3 +78,28 @@ def artifact_path(repo: str | aim.Repo, run_hash: str, name: str) -> Path | None
 
 def _repo(repo: str | aim.Repo) -> aim.Repo:
     return repo if isinstance(repo, aim.Repo) else aim.Repo.from_path(str(repo))
+
+
+def producer_run(repo: str, path: str, param: str = "checkpoint") -> str | None:
+    """The hash of the latest Aim run in `repo` whose param `param` names `path`, or None.
+
+    A trainer's run records `checkpoint` = `<output_dir>/<experiment>/<stamp>/<stage>/final` as
+    the trainer wrote it (often relative), and `rlhf generate` records `generations` = its output
+    file. Paths match when they resolve to the same file from the current directory, or, for
+    such a checkpoint from another directory, when their last four parts are equal (the
+    timestamp makes those unique).
+    """
+    if not aim.Repo.exists(str(repo)):
+        return None
+    target = Path(path).expanduser().resolve()
+    exact, by_tail = [], []
+    for run in find_runs(repo):
+        value = run["params"].get(param)
+        if not isinstance(value, str):
+            continue
+        if Path(value).expanduser().resolve() == target:
+            exact.append(run["hash"])
+        elif len(Path(value).parts) >= 4 and Path(value).parts[-4:] == target.parts[-4:]:
+            by_tail.append(run["hash"])
+    found = exact or by_tail
+    return found[-1] if found else None

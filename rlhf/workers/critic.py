@@ -47,7 +47,8 @@ class CriticWorker:
         optimizer: OptimizerFactory = torch.optim.AdamW,
         lr_scheduler: SchedulerFactory | None = None,
         strategy: Strategy = "auto",
-        dtype: str = "float32",
+        dtype: str = "float32",  # weights' dtype
+        mixed_precision: str = "no",  # "bf16" / "fp16" autocast on GPUs; ignored on CPU
         micro_batch_size: int = 64,
         mini_batches: int = 1,
         epochs: int = 1,
@@ -64,6 +65,7 @@ class CriticWorker:
             mini_batches=mini_batches,
             epochs=epochs,
             grad_clip=grad_clip,
+            mixed_precision=mixed_precision,
             prefix="critic",
         )
         torch.manual_seed(seed + self.trainer.rank)

@@ -62,7 +62,8 @@ class PolicyWorker:
         ref_model_path: str | None = None,  # frozen reference policy for KL; None: no reference
         engine: Callable[..., object] = HFEngine,  # called as engine(model, tokenizer)
         strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs
-        dtype: str = "float32",
+        dtype: str = "float32",  # weights' dtype
+        mixed_precision: str = "no",  # "bf16" / "fp16" autocast on GPUs; ignored on CPU
         micro_batch_size: int = 64,  # rows per forward/backward (gradient accumulation below it)
         mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
@@ -85,6 +86,7 @@ class PolicyWorker:
             mini_batches=mini_batches,
             epochs=epochs,
             grad_clip=grad_clip,
+            mixed_precision=mixed_precision,
             prefix="actor",
         )
         torch.manual_seed(seed + self.trainer.rank)

@@ -44,8 +44,9 @@ class ModelTrainer:
         epochs: int = 1,
         grad_clip: float | None = 1.0,
         prefix: str = "actor",  # metric namespace: actor/grad_norm, critic/grad_norm ...
+        mixed_precision: str = "no",  # "bf16" / "fp16" autocast where the device supports it (GPUs)
     ):
-        self.accelerator = make_accelerator(strategy)
+        self.accelerator = make_accelerator(strategy, mixed_precision)
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.micro_batch_size = micro_batch_size

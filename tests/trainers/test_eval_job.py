@@ -6,14 +6,16 @@ import shutil
 import pytest
 from helpers import tiny_model_path
 
-from rlhf.cli import eval_experiment, main
+from rlhf.cli import main
+from rlhf_configs.generate_eval import eval_experiment
 from rlhf.data import arithmetic_rows, write_rows
 from rlhf.rewards import RewardManager, UnknownDataSourceError, default_scorers
 from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.tracking.query import find_runs, metric_values
 from rlhf.trainers.context import StageContext
-from rlhf.trainers.eval_job import EvalJob, arithmetic_answer, gsm8k_answer, producer_run
+from rlhf.trainers.eval_job import EvalJob, arithmetic_answer, gsm8k_answer
+from rlhf.tracking.query import producer_run
 
 
 def row(source, truth, responses):

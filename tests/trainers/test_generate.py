@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 from helpers import tiny_model_path
 
-from rlhf.cli import generation_experiment, main
+from rlhf.cli import main
+from rlhf_configs.generate_eval import generation_experiment
 from rlhf.data import DataError, arithmetic_rows, read_rows, write_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
