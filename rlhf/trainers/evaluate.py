@@ -8,15 +8,18 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.trainers.context import StageContext
+from rlhf.trainers.eval_job import evaluate_scores, metric_names
 from rlhf.trainers.scoring import score_rollout
 
 
 class Evaluator:
-    """Scores a policy on a held-out dataset.
+    """Scores a policy on a held-out dataset: greedy (n=1) or sampled (n>1) validation.
 
-    Metrics: `val-core/<data_source>/reward/mean@<n>` for the main reward, and
-    `val-aux/<data_source>/<name>/mean@<n>` for each auxiliary reward (e.g. GSM8K's flexible
-    last-number scoring beside the strict `#### N` one), all from the same generations.
+    Per data source, with bootstrap intervals over prompts (same math and names as `rlhf eval`):
+    `val-core/<source>/reward/mean@<n>`, and for n > 1 `pass@<k>` (unbiased), `maj@<k>/mean`,
+    `best@<k>/mean` for k = 1, 2, 4, ... <= n; `val-aux/<source>/<name>/mean@<n>` for each
+    auxiliary reward (e.g. GSM8K's flexible last-number scoring beside the strict one), all
+    from the same generations.
     """
 
     def __init__(
@@ -26,6 +29,7 @@ class Evaluator:
         sampling: SamplingParams = SamplingParams(temperature=0.0, max_new_tokens=32),  # greedy
         batch_size: int = 512,  # prompts per generate call
         aux_rewards: dict[str, RewardManager] | None = None,  # name -> another scoring of the same responses
+        n_boot: int = 200,  # bootstrap resamples for the intervals (0: no intervals)
     ):
         sources = set(r["data_source"] for r in dataset.rows)
         for manager in [reward, *(aux_rewards or {}).values()]:
@@ -35,18 +39,31 @@ class Evaluator:
         self.sampling = sampling
         self.batch_size = batch_size
         self.aux_rewards = dict(aux_rewards or {})
+        self.n_boot = n_boot
+        self.ks = [2**i for i in range(sampling.n.bit_length()) if 2**i <= sampling.n]
 
     def __call__(self, policy) -> dict[str, float]:
-        values: dict[str, list[float]] = defaultdict(list)
         n = self.sampling.n
+        rows: list[dict] = []
+        scores: list[list[float]] = []
+        aux: dict[str, list[float]] = defaultdict(list)
         for prompts in self.dataset.in_order(self.batch_size):
-            rollout = policy.generate(prompts, self.sampling)
-            scorings = {("val-core", "reward"): self.reward, **{("val-aux", k): m for k, m in self.aux_rewards.items()}}
-            for (prefix, name), manager in scorings.items():
-                scores, _ = score_rollout(rollout, self.dataset.tokenizer, manager)
-                for source, score in zip(rollout["data_source"], scores["scores"].tolist()):
-                    values[f"{prefix}/{source}/{name}/mean@{n}"].append(score)
-        return {k: sum(v) / len(v) for k, v in sorted(values.items())}
+            rollout = policy.generate(prompts, self.sampling)  # the n samples of a prompt are adjacent
+            scored, _ = score_rollout(rollout, self.dataset.tokenizer, self.reward)
+            flat, texts = scored["scores"].tolist(), list(scored["response_text"])
+            for p, source in enumerate(prompts["data_source"]):
+                rows.append({"data_source": source, "responses": texts[p * n : (p + 1) * n]})
+                scores.append(flat[p * n : (p + 1) * n])
+            for name, manager in self.aux_rewards.items():
+                extra, _ = score_rollout(rollout, self.dataset.tokenizer, manager)
+                for source, score in zip(rollout["data_source"], extra["scores"].tolist()):
+                    aux[f"val-aux/{source}/{name}/mean@{n}"].append(score)
+        results = evaluate_scores(rows, scores, ks=self.ks, n_boot=max(self.n_boot, 1))
+        metrics = metric_names(results)
+        if not self.n_boot:
+            metrics = {k: v for k, v in metrics.items() if not k.endswith(("/ci_low", "/ci_high"))}
+        metrics.update({k: sum(v) / len(v) for k, v in sorted(aux.items())})
+        return metrics
 
 
 class EvalStage:

@@ -57,17 +57,25 @@ def run_killed_then_resumed(tmp: Path, kill_at: int, *extra: str) -> None:
     finish(job(out, aim, *extra))
 
 
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the same job."""
+    ref = tmp_path_factory.mktemp("ref")
+    finish(job(ref / "out", ref / "aim"))
+    return ref
+
+
+# The job has 6 steps per epoch: 6 kills it right after the checkpoint at the epoch boundary.
 @pytest.mark.slow
-def test_sigkill_and_resume_is_bit_identical(tmp_path):
-    finish(job(tmp_path / "ref" / "out", tmp_path / "ref" / "aim"))
-    kill_at = random.Random(os.getpid()).randint(1, 6)
+@pytest.mark.parametrize("kill_at", [random.Random().randint(1, 5), 6], ids=["random_step", "epoch_boundary"])
+def test_sigkill_and_resume_is_bit_identical(tmp_path, reference, kill_at):
     run_killed_then_resumed(tmp_path / "killed", kill_at)
 
-    expected, resumed = weights(tmp_path / "ref" / "out"), weights(tmp_path / "killed" / "out")
+    expected, resumed = weights(reference / "out"), weights(tmp_path / "killed" / "out")
     assert expected.keys() == resumed.keys()
     for k in expected:
         assert torch.equal(expected[k], resumed[k]), f"{k} differs after resuming at step {kill_at}"
-    assert logged(tmp_path / "killed" / "aim") == logged(tmp_path / "ref" / "aim")  # no step lost or doubled
+    assert logged(tmp_path / "killed" / "aim") == logged(reference / "aim")  # no step lost or doubled
     (run,) = find_runs(str(tmp_path / "killed" / "aim"), experiment="resume")
     assert run["params"]["status"] == "finished" and run["params"]["resumed"] == 1
     steps = [r["step"] for r in read_records(tmp_path / "killed" / "out" / "resume" / "job" / "rl")]

@@ -1,0 +1,62 @@
+"""RLTrainer guards: NaN gradients stop the run after K steps with the weights untouched; bad setups
+are refused before training."""
+
+import fiddle as fdl
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhf.algos import GAE, GRPO
+from rlhf.data.generators import arithmetic_rows
+from rlhf.data.prompts import PromptDataset
+from rlhf.models.loading import load_tokenizer
+from rlhf.rewards.arithmetic import exact_match_score
+from rlhf.rewards.manager import RewardManager
+from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.experiment import Experiment, run_experiment
+from rlhf.runtime.local import LocalRuntime
+from rlhf.trainers.rl import NonFiniteTrainingError, RLTrainer
+from rlhf_configs.pieces import policy_group
+from helpers import tiny_model_path
+from nan_objective import NaNObjective
+
+
+def experiment(tmp_path, objective, **trainer):
+    model = tiny_model_path()
+    tok = fdl.Config(load_tokenizer, model)
+    stage = fdl.Config(
+        RLTrainer,
+        policy=policy_group(model_path=model, objective=objective, micro_batch_size=8),
+        tokenizer=tok,
+        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=16), tokenizer=tok),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
+        sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=4),
+        prompts_per_step=4,
+        total_steps=10,
+        **trainer,
+    )
+    return fdl.Config(Experiment, name="guards", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
+                      output_dir=str(tmp_path), progress=False)
+
+
+def test_nan_gradients_stop_the_run_and_never_touch_the_weights(tmp_path):
+    graph = experiment(tmp_path, fdl.Config(NaNObjective), save_freq=1, max_nonfinite_steps=3)
+    with pytest.raises(NonFiniteTrainingError, match="NaN/Inf in 3 consecutive steps"):
+        run_experiment(graph)
+    (ckpt_root,) = list(tmp_path.glob("guards/*/rl/checkpoints"))
+    saved = load_file(str(sorted(ckpt_root.iterdir())[-1] / "policy" / "model.safetensors"))
+    initial = load_file(f"{tiny_model_path()}/model.safetensors")
+    for k, v in saved.items():
+        assert torch.equal(v, initial[k]), f"{k} changed although every gradient was NaN"
+
+
+def test_grpo_with_one_sample_per_prompt_is_refused():
+    with pytest.raises(ValueError, match="sampling.n is 1"):
+        RLTrainer(None, None, PromptDataset(arithmetic_rows(4), load_tokenizer(tiny_model_path())),
+                  RewardManager({"arithmetic": exact_match_score}), advantage=GRPO(), sampling=SamplingParams(n=1))
+
+
+def test_gae_without_a_critic_is_refused():
+    with pytest.raises(ValueError, match="needs a critic"):
+        RLTrainer(None, None, PromptDataset(arithmetic_rows(4), load_tokenizer(tiny_model_path())),
+                  RewardManager({"arithmetic": exact_match_score}), advantage=GAE())
