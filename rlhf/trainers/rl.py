@@ -56,6 +56,8 @@ class RLTrainer:
         keep_checkpoints: int = 2,  # complete checkpoints kept (oldest deleted)
         max_nonfinite_steps: int = 3,  # consecutive steps with NaN/Inf gradients before stopping
         records: RolloutRecorder | None = None,  # write rollouts to <stage dir>/rollouts.jsonl
+        reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
+        reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
         seed: int = 0,
     ):
         reward.check_sources(set(r["data_source"] for r in train_data.rows))
@@ -63,6 +65,11 @@ class RLTrainer:
             raise ValueError(
                 f"{type(advantage).__name__} needs a critic (values), but RLTrainer.critic is None. Add a critic "
                 "group (see experiments/qwen_gsm8k_ppo.py) or use a critic-free estimator such as GRPO."
+            )
+        if reward_model is not None and not getattr(train_data, "raw_prompt", False):
+            raise ValueError(
+                "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
+                "chat messages: build train_data with PromptDataset(raw_prompt=True)."
             )
         if isinstance(advantage, GRPO) and sampling.n < 2:
             raise ValueError(
@@ -88,6 +95,8 @@ class RLTrainer:
         self.keep_checkpoints = keep_checkpoints
         self.max_nonfinite_steps = max_nonfinite_steps
         self.records = records
+        self.reward_model = reward_model
+        self.reward_model_weight = reward_model_weight
         self.seed = seed
 
     # ---------------------------------------------------------------- loop
@@ -135,7 +144,9 @@ class RLTrainer:
         with timed(timing, "gen"):
             batch = self.policy.generate(prompts, self.sampling)
         with timed(timing, "reward"):
-            scores, reward_metrics = score_rollout(batch, self.tokenizer, self.reward)
+            scores, reward_metrics = score_rollout(
+                batch, self.tokenizer, self.reward, self.reward_model, self.reward_model_weight
+            )
             batch = batch.union(scores)
         if needs["old_log_probs"] or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):

@@ -7,6 +7,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.rewards.manager import RewardManager
+from rlhf.rewards.model_reward import mix_model_scores
 
 
 def decode_responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
@@ -15,7 +16,13 @@ def decode_responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[s
     return tokenizer.batch_decode([r[m].tolist() for r, m in zip(responses, mask)], skip_special_tokens=True)
 
 
-def score_rollout(batch: Batch, tokenizer: PreTrainedTokenizerBase, reward: RewardManager) -> tuple[Batch, dict]:
+def score_rollout(
+    batch: Batch,
+    tokenizer: PreTrainedTokenizerBase,
+    reward: RewardManager,
+    reward_model=None,  # WorkerGroup of RewardModelWorker; None: rule scores only
+    reward_model_weight: float = 1.0,  # score = rule + reward_model_weight * rm_score
+) -> tuple[Batch, dict]:
     """`token_level_scores` (B,R): each response's score on its last valid token, 0 elsewhere."""
     texts = decode_responses(batch, tokenizer)
     lengths = batch["response_mask"].sum(dim=1).tolist()  # for overlong shaping (DAPO)
@@ -29,4 +36,10 @@ def score_rollout(batch: Batch, tokenizer: PreTrainedTokenizerBase, reward: Rewa
     result = Batch({"token_level_scores": token_level, "scores": scores}, {"response_text": texts})
     for name, column in out.extras.items():
         result[f"reward_extra/{name}"] = column
-    return result, dict(out.metrics)
+    metrics = dict(out.metrics)
+    if reward_model is not None:  # needs the prompts' `raw_prompt` column (PromptDataset(raw_prompt=True))
+        rm_scores = reward_model.score(batch.union(Batch({}, {"response_text": texts})))["rm_scores"]
+        mixed, rm_metrics = mix_model_scores(result, rm_scores, mask, model_weight=reward_model_weight)
+        result = Batch({**result.tensors, **mixed.tensors}, {**result.non_tensors, **mixed.non_tensors})
+        metrics.update(rm_metrics)
+    return result, metrics

@@ -5,10 +5,12 @@ import json
 import time
 from pathlib import Path
 
+import fiddle as fdl
 import pytest
 
 from rlhf.config.cli import run_cli
 from rlhf.config.validate import PreflightError
+from rlhf.data.sources import load_rows
 from rlhf.runtime.experiment import run_experiment
 
 ROOT = Path(__file__).parents[2]
@@ -47,7 +49,7 @@ def test_a_row_without_an_answer_fails_before_training(tmp_path, monkeypatch):
         (data / f"{split}.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
     graph = module.base(data_dir=str(data))
     module.tiny(graph)  # a local model, so only the data is wrong
-    graph.stages["grpo"].train_data.rows = module.fdl.Config(module.load_rows, path=str(data / "train.jsonl"))
+    graph.stages["grpo"].train_data.rows = fdl.Config(load_rows, path=str(data / "train.jsonl"))
     with pytest.raises(PreflightError, match=r"train.jsonl.*row 1.*reward_model"):
         run_experiment(graph)
 

@@ -1,0 +1,56 @@
+"""Mix a reward model's scores into the rule-based scores of a rollout.
+
+    score_i = rule_weight * rule_i + model_weight * rm_i
+
+`rule` is the (B,) score the `RewardManager` (or `CombinedReward`) gave each response, and `rm`
+the (B,) `rm_scores` of `RewardModelWorker.score`. As in `score_rollout`, the mixed score sits on
+each response's last valid token of `token_level_scores` (B,R), 0 elsewhere (and nowhere for an
+empty response). Each part is kept per row ("reward_extra/rule/score", "reward_extra/model/score")
+and averaged in metrics ("reward/rule/mean", "reward/model/mean"), as `CombinedReward` reports
+its sources.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rlhf.batch import Batch
+
+
+def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B,R) zeros with scores[i] on row i's last valid response token (rows with none stay 0)."""
+    token_level = torch.zeros(response_mask.shape, dtype=torch.float32)
+    lengths = response_mask.sum(dim=1)
+    rows = torch.nonzero(lengths > 0).squeeze(1)
+    token_level[rows, lengths[rows] - 1] = scores[rows].float()
+    return token_level
+
+
+def mix_model_scores(
+    scored: Batch,
+    rm_scores: torch.Tensor,
+    response_mask: torch.Tensor,
+    *,
+    model_weight: float = 1.0,
+    rule_weight: float = 1.0,
+) -> tuple[Batch, dict[str, float]]:
+    """`scored` (what `score_rollout` returns: `scores` (B,), `token_level_scores` (B,R)) with the
+    reward model's (B,) `rm_scores` mixed in by weight; returns the new columns and metrics."""
+    rule = scored["scores"].float()
+    rm = rm_scores.float().reshape(-1)
+    if rm.shape != rule.shape:
+        raise ValueError(f"mix_model_scores: {rm.shape[0]} reward-model scores for {rule.shape[0]} rows")
+    if not torch.isfinite(rm).all():
+        raise FloatingPointError(
+            "the reward model returned NaN/Inf scores; check its dtype (bf16 overflow?) and inputs"
+        )
+    scores = rule_weight * rule + model_weight * rm
+    out = Batch(
+        {"scores": scores, "token_level_scores": place_on_last_token(scores, response_mask), "rm_scores": rm},
+        {"reward_extra/rule/score": rule.tolist(), "reward_extra/model/score": rm.tolist()},
+    )
+    metrics = {
+        "reward/rule/mean": float(rule.mean()) if len(rule) else 0.0,
+        "reward/model/mean": float(rm.mean()) if len(rm) else 0.0,
+    }
+    return out, metrics

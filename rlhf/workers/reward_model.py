@@ -1,0 +1,124 @@
+"""The reward-model worker: a sequence-classification model that scores (prompt, response) pairs.
+
+The reward model has its own tokenizer and chat template, so the policy's token ids are never
+reused: each row is re-rendered from the chat messages (`raw_prompt`, from
+`PromptDataset(raw_prompt=True)`) plus the policy's decoded response (`response_text`, from
+scoring) as the assistant turn, with the reward model's template, and scored at its last token
+(`AutoModelForSequenceClassification`, one label, as verl's reward-model worker and the
+Skywork / ArmoRM reward models do). Inference only: nothing here trains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
+
+from rlhf.batch import Batch
+from rlhf.data.tokenize import left_pad, position_ids
+from rlhf.models.loading import resolve_model_path
+from rlhf.workers.accelerator import Strategy
+from rlhf.workers.dispatch import shard
+from rlhf.workers.training import ModelTrainer
+
+
+def load_reward_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    """A one-label sequence-classification model in `dtype`, in eval mode, with a pad token id set."""
+    model = AutoModelForSequenceClassification.from_pretrained(
+        resolve_model_path(name_or_path), num_labels=1, dtype=getattr(torch, dtype)
+    )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = model.config.eos_token_id
+    return model.eval().requires_grad_(False)
+
+
+def load_reward_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
+    """The reward model's own tokenizer; it must have a chat template (rows are chat messages)."""
+    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    if tok.chat_template is None:
+        raise ValueError(
+            f"the reward model's tokenizer at {name_or_path} has no chat template, so (prompt, response) "
+            "pairs cannot be rendered as it was trained on. Fix: use a reward model saved with its chat "
+            "template, or set `tokenizer.chat_template` and save it with the model."
+        )
+    return tok
+
+
+def conversation_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict], response: str, max_length: int
+) -> list[int]:
+    """Token ids of `messages` + the assistant `response` in the tokenizer's chat template.
+
+    Longer conversations keep their last `max_length` tokens: the score is read at the last one.
+    """
+    chat = [*messages, {"role": "assistant", "content": response}]
+    text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids[-max_length:]
+
+
+class RewardModelWorker:
+    """Scores responses with a reward model on one data-parallel rank."""
+
+    def __init__(
+        self,
+        model_path: str,  # a sequence-classification reward model (hub id or local folder)
+        tokenizer_path: str | None = None,  # its tokenizer with the chat template; None: model_path
+        strategy: Strategy = "auto",
+        dtype: str = "float32",  # weights' dtype ("bfloat16" on GPUs)
+        micro_batch_size: int = 16,  # conversations per forward pass
+        max_length: int = 2048,  # tokens per conversation after the chat template (left part cut)
+    ):
+        self.tokenizer = load_reward_tokenizer(tokenizer_path or model_path)
+        self.trainer = ModelTrainer(
+            load_reward_model(model_path, dtype), None, strategy=strategy, micro_batch_size=micro_batch_size,
+            prefix="reward_model",
+        )
+        self.max_length = max_length
+
+    @staticmethod
+    def preflight(arguments: dict) -> None:
+        """Before any stage runs: the model (and tokenizer) paths must resolve."""
+        for key in ("model_path", "tokenizer_path"):
+            if isinstance(arguments.get(key), str):
+                resolve_model_path(arguments[key])
+
+    @shard
+    @torch.no_grad()
+    def score(self, batch: Batch) -> Batch:
+        """`rm_scores` (B,): the reward model's score of each (raw_prompt, response_text) row."""
+        for key, fix in (
+            ("raw_prompt", "build the PromptDataset with raw_prompt=True"),
+            ("response_text", "score after decoding (rlhf.trainers.scoring.score_rollout adds it)"),
+        ):
+            if key not in batch:
+                raise KeyError(f"RewardModelWorker.score needs the non-tensor column {key!r}. Fix: {fix}.")
+        ids = [
+            conversation_ids(self.tokenizer, messages, text, self.max_length)
+            for messages, text in zip(batch["raw_prompt"], batch["response_text"])
+        ]
+        return Batch({"rm_scores": self.score_ids(ids)})
+
+    def score_ids(self, ids: Sequence[Sequence[int]]) -> torch.Tensor:
+        """(B,) float32 scores of already tokenised conversations, in micro-batches.
+
+        Left padding puts every row's last token at the last position, where the model pools.
+        """
+        model, size = self.trainer.model, self.trainer.micro_batch_size
+        parts = []
+        for start in range(0, len(ids), size):
+            input_ids, mask = left_pad(ids[start : start + size], self.tokenizer.pad_token_id)
+            out = model(
+                input_ids=input_ids.to(self.trainer.device),
+                attention_mask=mask.to(self.trainer.device),
+                position_ids=position_ids(mask).to(self.trainer.device),
+            )
+            parts.append(out.logits[:, 0].float().cpu())
+        return torch.cat(parts) if parts else torch.zeros(0)
