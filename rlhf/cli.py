@@ -87,6 +87,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhf.config.commands import main as config_command
 
         return config_command(command, rest)
+    if command == "sft":  # rlhf sft MODEL --data FILE [--val FILE --steps --batch-size --lr --out --local]
+        from rlhf_configs.sft import main as sft
+
+        return sft(rest)
     if command in ("generate", "eval"):
         return {"generate": generate_main, "eval": eval_main}[command](rest)
     sys.exit(f"error: unknown command {command!r}\n\n{USAGE}")

@@ -29,6 +29,10 @@ def _parser(prog: str) -> argparse.ArgumentParser:
     p.add_argument("--print_graph", action="store_true", help="print the graph and exit")
     p.add_argument("--print_plan", action="store_true", help="print each stage's execution plan and exit")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default: all)")
+    p.add_argument("--sweep", default=None, metavar="NAME",
+                   help="run the experiment's sweep function NAME (sweep:NAME, NAME, 'NAME(k=v)'): runs per member")
+    p.add_argument("--sweep_parallel", type=int, default=1, metavar="N",
+                   help="sweep members run at once, each in its own process (default 1: one after another)")
     return p
 
 
@@ -59,8 +63,11 @@ def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
 
 
 def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
-    from fiddle import printing
-
+    import rlhf_configs.common as common
+    from rlhf.config.checks import batch_arithmetic, batch_table
+    from rlhf.config.provenance import format_provenance
+    from rlhf.config.sweeps import SweepError, sweep_from_cli
+    from rlhf.config.validate import PreflightError
     from rlhf.runtime.experiment import run_experiment
     from rlhf.runtime.plan import compile_graph
 
@@ -69,14 +76,28 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
         graph, fiddlers = build_graph(module, args.config)
     except OverrideError as err:
         sys.exit(f"error: {err}")
-    if args.print_graph:
-        print(printing.as_str_flattened(graph))
+    stages = args.stages.split(",") if args.stages else None
+    if args.sweep:
+        try:
+            return sweep_from_cli([module, common], graph, args.sweep, parallel=args.sweep_parallel, stages=stages,
+                                  overrides=args.config, fiddlers=fiddlers, dry_run=args.print_graph or args.print_plan)
+        except (OverrideError, PreflightError, SweepError) as err:
+            sys.exit(f"error: {err}")
+    if args.print_graph:  # each value with where it was set (rlhf.config.provenance)
+        print(format_provenance(graph))
         return None
+    batches = batch_arithmetic(graph, stages)
     if args.print_plan:
         for name, stage in graph.stages.items():
             print(f"[{name}]\n{compile_graph(stage).describe()}\n")
+        if batches:
+            print(batch_table(batches))
         return None
-    stages = args.stages.split(",") if args.stages else None
-    results = run_experiment(graph, overrides=args.config, fiddlers=fiddlers, stages=stages)
+    if batches:
+        print(batch_table(batches))
+    try:
+        results = run_experiment(graph, overrides=args.config, fiddlers=fiddlers, stages=stages)
+    except PreflightError as err:
+        sys.exit(f"error: {err}")
     print(format_results(results))
     return results

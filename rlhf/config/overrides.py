@@ -17,6 +17,8 @@ from typing import Any
 
 import fiddle as fdl
 
+from rlhf.config.provenance import labelled
+
 
 class OverrideError(ValueError):
     """A command-line override names something that does not exist, or is malformed."""
@@ -116,6 +118,21 @@ def set_path(graph: Any, path: str, value: Any) -> None:
         raise OverrideError(f"cannot set {path}: {where} is a {type(node).__name__}")
 
 
+def apply_set(graph: Any, body: str) -> None:
+    """Apply `PATH=VALUE` (the text after `set:`); the value is recorded as "command line: set:..."."""
+    path, eq, raw = body.partition("=")
+    if not eq:
+        raise OverrideError(f"set:{body} needs `=`: set:path.to.field=value")
+    try:
+        value = ast.literal_eval(raw.strip())
+    except (ValueError, SyntaxError):
+        raise OverrideError(
+            f"set:{body}: the value {raw!r} is not a Python literal; quote strings, e.g. set:{path}='{raw}'"
+        ) from None
+    with labelled(f"command line: set:{body.strip()}", with_caller=False):
+        set_path(graph, path.strip(), value)
+
+
 def _named_functions(namespaces: Sequence[types.ModuleType]) -> dict[str, Callable]:
     out: dict[str, Callable] = {}
     for module in reversed(namespaces):  # earlier namespaces win
@@ -145,20 +162,12 @@ def apply_overrides(
             name, kwargs = _parse_call(body, kind)
             if name not in functions:
                 raise OverrideError(f"no fiddler {name!r}." + _did_you_mean(name, functions))
-            result = functions[name](graph, **kwargs)
+            with labelled(f"fiddler:{body}"):  # argument history: "fiddler:tiny (file:line)"
+                result = functions[name](graph, **kwargs)
             graph = result if result is not None else graph
             fiddlers.append(body)
         elif kind == "set":
-            path, eq, raw = body.partition("=")
-            if not eq:
-                raise OverrideError(f"set:{body} needs `=`: set:path.to.field=value")
-            try:
-                value = ast.literal_eval(raw.strip())
-            except (ValueError, SyntaxError):
-                raise OverrideError(
-                    f"set:{body}: the value {raw!r} is not a Python literal; quote strings, e.g. set:{path}='{raw}'"
-                ) from None
-            set_path(graph, path.strip(), value)
+            apply_set(graph, body)
         else:
             raise OverrideError(
                 f"unknown override {command!r}: use config:NAME(...), fiddler:NAME(...) or set:PATH=VALUE"

@@ -19,6 +19,13 @@ class PreflightError(ValueError):
 
 
 def preflight(graph: Any) -> None:
+    problems = preflight_problems(graph)
+    if problems:
+        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
+
+
+def preflight_problems(graph: Any) -> list[str]:
+    """Every failing hook as a line `- at PATH: message` (empty when all pass)."""
     seen: set[int] = set()
     problems: list[str] = []
     for value, path in daglish.iterate(graph):
@@ -33,5 +40,4 @@ def preflight(graph: Any) -> None:
                     message = f"- at {where}: {err}"
                     if message not in problems:
                         problems.append(message)
-    if problems:
-        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
+    return problems

@@ -1,0 +1,460 @@
+"""Checks of an experiment graph before anything starts; every message says what to change.
+
+`check_experiment(graph, stages)` finds, in the stages that will run:
+
+- required arguments that are not set (a `fdl.Config` whose callable needs an argument the
+  graph does not give; a `fdl.Partial` may leave arguments to its caller);
+- resources the machine cannot give: GPUs asked for where there are none, more CPUs than a
+  local Ray cluster has;
+- data-flow contradictions: an advantage estimator that needs a critic in a trainer without
+  one, a KL loss with no reference model, a group estimator (GRPO, RLOO, ...) with one sample
+  per prompt, a stage using the output of a stage that does not run before it;
+- batch arithmetic that does not divide: samples per step over the data-parallel workers
+  (`PolicyWorker.update` is `@shard_exact`: a padded row would train twice), each worker's
+  rows over its mini-batches. Micro-batches that do not divide are only a warning (they change
+  memory use, not the update).
+
+`validate(graph, stages)` adds the components' own `preflight` hooks (`rlhf.config.validate`)
+and raises one `PreflightError` listing every problem; `run_experiment` calls it first.
+`batch_table(graph)` is the batch arithmetic per RL/SFT stage, printed at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import fiddle as fdl
+from fiddle import daglish
+
+from rlhf.config.validate import PreflightError, preflight_problems
+
+__all__ = ["BatchArithmetic", "Report", "batch_arithmetic", "batch_table", "check_experiment", "validate"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchArithmetic:
+    """How one step's batch is split, for one RL or SFT stage."""
+
+    stage: str
+    prompts: int  # prompts per RL step (examples per SFT step)
+    n: int  # samples per prompt (1 for SFT)
+    workers: int  # data-parallel policy workers that run the update
+    mini_batches: int  # optimizer steps per epoch
+    micro_batch_size: int  # rows per forward/backward
+    epochs: int
+    path: str = ""  # the trainer, in set: syntax (stages.grpo)
+    prompts_field: str = "prompts_per_step"  # its argument that sets `prompts` (batch_size for SFT)
+    note: str = ""  # e.g. the runtime uses fewer workers than the graph asks for
+
+    @property
+    def samples(self) -> int:
+        return self.prompts * self.n
+
+    @property
+    def rows_per_worker(self) -> float:
+        return self.samples / self.workers
+
+    @property
+    def rows_per_mini_batch(self) -> float:
+        return self.rows_per_worker / self.mini_batches
+
+    @property
+    def micro_batches(self) -> int:
+        """Micro-batches per worker per mini-batch (gradient accumulation steps)."""
+        return math.ceil(math.ceil(self.rows_per_mini_batch) / self.micro_batch_size)
+
+    @property
+    def optimizer_steps(self) -> int:
+        return self.epochs * self.mini_batches
+
+
+@dataclasses.dataclass
+class Report:
+    errors: list[str] = dataclasses.field(default_factory=list)
+    warnings: list[str] = dataclasses.field(default_factory=list)
+    batches: list[BatchArithmetic] = dataclasses.field(default_factory=list)
+
+
+def validate(
+    graph: Any, stages: Sequence[str] | None = None, *, cpus: int | None = None, gpus: int | None = None
+) -> Report:
+    """`check_experiment` plus every component's `preflight` hook; raises one `PreflightError`
+    listing all problems, logs the warnings, and returns the report."""
+    report = check_experiment(graph, stages, cpus=cpus, gpus=gpus)
+    problems = [f"- {e}" for e in report.errors] + preflight_problems(graph)
+    if problems:
+        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
+    for warning in report.warnings:
+        log.warning("warning: %s", warning)
+    return report
+
+
+def check_experiment(
+    graph: Any, stages: Sequence[str] | None = None, *, cpus: int | None = None, gpus: int | None = None
+) -> Report:
+    """Check the stages of an `Experiment` graph that will run (`stages`; None: all).
+
+    `cpus`/`gpus` are what this machine has (default: `os.cpu_count()`, CUDA devices).
+    """
+    report = Report()
+    selected = _selected_stages(graph, stages, report)
+    _check_required(graph, selected, report)
+    _check_stage_order(graph, selected, report)
+    for name, stage in selected.items():
+        _check_resources(graph, name, stage, report, cpus, gpus)
+        _check_data_flow(name, stage, report)
+        for batch in _batches(graph, name, stage):
+            report.batches.append(batch)
+            _check_batch(batch, report)
+    return report
+
+
+def batch_arithmetic(graph: Any, stages: Sequence[str] | None = None) -> list[BatchArithmetic]:
+    """The batch arithmetic of every RL/SFT stage of an Experiment graph that will run."""
+    return check_experiment(graph, stages).batches
+
+
+def batch_table(batches: Sequence[BatchArithmetic]) -> str:
+    """One table, a row per stage: prompts, samples, workers, rows, mini- and micro-batches, steps."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="batch arithmetic per step", title_justify="left", box=box.SIMPLE_HEAD)
+    for column in ("stage", "prompts", "x n", "samples", "DP workers", "rows/worker",
+                   "mini-batches", "rows/mini-batch", "micro-batches", "optimizer steps"):
+        table.add_column(column, justify="left" if column == "stage" else "right")
+    for b in batches:
+        table.add_row(
+            b.stage, str(b.prompts), str(b.n), str(b.samples), f"{b.workers}{'*' if b.note else ''}",
+            _num(b.rows_per_worker), str(b.mini_batches), _num(b.rows_per_mini_batch),
+            f"{b.micro_batches} x {min(b.micro_batch_size, math.ceil(b.rows_per_mini_batch))}",
+            f"{b.optimizer_steps}" + (f" ({b.epochs} epochs)" if b.epochs > 1 else ""),
+        )
+    notes = [f"* {b.stage}: {b.note}" for b in batches if b.note]
+    console = Console(width=140, record=True, file=open(os.devnull, "w"))
+    console.print(table)
+    text = "\n".join(line.rstrip() for line in console.export_text().rstrip().splitlines())
+    legend = ("micro-batches: per worker and mini-batch, x rows each (gradient accumulation); "
+              "optimizer steps per step: epochs x mini-batches")
+    return "\n".join([text, legend, *notes])
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:.2f} (!)"
+
+
+# --------------------------------------------------------------------------- helpers
+def _is(node: Any, cls: type) -> bool:
+    if not isinstance(node, fdl.Buildable):
+        return False
+    fn = fdl.get_callable(node)
+    return isinstance(fn, type) and issubclass(fn, cls)
+
+
+def _args(node: fdl.Buildable) -> dict[str, Any]:
+    return fdl.ordered_arguments(node, include_defaults=True)
+
+
+def _get(value: Any, name: str) -> Any:
+    """An argument of a node (with its default), or an attribute of a built default object."""
+    if isinstance(value, fdl.Buildable):
+        return _args(value).get(name)
+    return getattr(value, name, None)
+
+
+def _cli_path(path: daglish.Path) -> str:
+    """A daglish path in `set:` syntax: `stages.grpo.policy.worker.model_path`."""
+    out = ""
+    for element in path:
+        if isinstance(element, daglish.Attr):
+            out += f".{element.name}"
+        elif isinstance(element, daglish.Key) and isinstance(element.key, str) and element.key.isidentifier():
+            out += f".{element.key}"
+        elif isinstance(element, daglish.Key):
+            out += f"[{element.key!r}]"
+        elif isinstance(element, daglish.Index):
+            out += f"[{element.index}]"
+        else:
+            out += element.code
+    return out.lstrip(".")
+
+
+def _nodes(root: Any, prefix: daglish.Path = ()) -> list[tuple[fdl.Buildable, daglish.Path]]:
+    """Every Buildable under `root` once (its first path), with its path from the experiment root."""
+    seen: set[int] = set()
+    out = []
+    for value, path in daglish.iterate(root):
+        if isinstance(value, fdl.Buildable) and id(value) not in seen:
+            seen.add(id(value))
+            out.append((value, (*prefix, *path)))
+    return out
+
+
+def _stage_prefix(name: str) -> daglish.Path:
+    return (daglish.Attr("stages"), daglish.Key(name))
+
+
+def _selected_stages(graph: Any, stages: Sequence[str] | None, report: Report) -> dict[str, Any]:
+    all_stages = dict(_get(graph, "stages") or {})
+    if stages is None:
+        return all_stages
+    unknown = [s for s in stages if s not in all_stages]
+    if unknown:
+        report.errors.append(
+            f"--stages names {', '.join(map(repr, unknown))}, which the experiment does not have. "
+            f"Its stages are: {', '.join(all_stages)}."
+        )
+    return {k: v for k, v in all_stages.items() if k in stages}
+
+
+def _runtime(graph: Any) -> tuple[str, dict[str, Any]]:
+    """("local" | "ray" | "other", the runtime's arguments)."""
+    from rlhf.runtime.local import LocalRuntime
+    from rlhf.runtime.ray_runtime import RayRuntime
+
+    runtime = _get(graph, "runtime")
+    if runtime is None or _is(runtime, LocalRuntime):
+        return "local", {}
+    if _is(runtime, RayRuntime):
+        return "ray", _args(runtime)
+    return "other", {}
+
+
+# --------------------------------------------------------------------------- checks
+def _check_required(graph: Any, selected: dict[str, Any], report: Report) -> None:
+    nodes = [(graph, ())] if isinstance(graph, fdl.Buildable) else []  # the root itself, not all below it
+    for name, stage in selected.items():
+        nodes += _nodes(stage, _stage_prefix(name))
+    if isinstance(graph, fdl.Buildable):
+        for key, value in graph.__arguments__.items():
+            if key != "stages":
+                nodes += _nodes(value, (daglish.Attr(key),))
+    for node, path in nodes:
+        if not isinstance(node, fdl.Config):
+            continue  # a Partial's missing arguments come from its caller
+        for name, param in node.__signature_info__.signature.parameters.items():
+            if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD) or param.default is not param.empty:
+                continue
+            if node.__arguments__.get(name, fdl.NO_VALUE) is fdl.NO_VALUE:
+                where = _cli_path((*path, daglish.Attr(name)))
+                report.errors.append(
+                    f"{where}: {fdl.get_callable(node).__name__} needs `{name}`, which is not set. "
+                    f"Set it in the experiment's graph, or on the command line: --config 'set:{where}=...'."
+                )
+
+
+def _check_stage_order(graph: Any, selected: dict[str, Any], report: Report) -> None:
+    from rlhf.runtime.remote import StageOutput
+
+    order = list(dict(_get(graph, "stages") or {}))
+    for name, stage in selected.items():
+        for node, path in _nodes(stage, _stage_prefix(name)):
+            if not _is(node, StageOutput):
+                continue
+            ref = fdl.build(node)
+            where = _cli_path(path)
+            if ref.stage not in order or order.index(ref.stage) >= order.index(name):
+                report.errors.append(
+                    f"{where}: stage {name!r} uses the output {ref.key!r} of stage {ref.stage!r}, which has not "
+                    f"run before it (stages run in order: {', '.join(order)}). Reorder the stages."
+                )
+            elif ref.stage not in selected:
+                report.errors.append(
+                    f"{where}: stage {name!r} uses the output {ref.key!r} of stage {ref.stage!r}, which is not "
+                    f"among the stages to run. Run both (--stages {ref.stage},{name}), or give the value "
+                    f"itself: --config 'set:{where}=\"...\"'."
+                )
+
+
+def _check_resources(graph: Any, name: str, stage: Any, report: Report, cpus: int | None, gpus: int | None) -> None:
+    from rlhf.runtime.plan import compile_graph
+
+    try:
+        plan = compile_graph(stage)
+    except (TypeError, ValueError) as err:
+        report.errors.append(f"stage {name!r}: {err}")
+        return
+    kind, ray_args = _runtime(graph)
+    owners = [g for g in plan.groups.values() if not g.colocate_with]
+    groups = ", ".join(f"{g.name}: {g.num_workers} x ({g.cpus_per_worker:g} CPU, {g.gpus_per_worker:g} GPU)"
+                       for g in plan.groups.values())
+    machine_gpus = _gpu_count() if gpus is None else gpus
+    machine_cpus = (os.cpu_count() or 1) if cpus is None else cpus
+    on_cpu_fix = (f"On a CPU machine set gpus_per_worker=0: --config 'fiddler:gin(path=\"cpu.gin\")' "
+                  f"(or set:{_cli_path(_stage_prefix(name))}.<group>.gpus_per_worker=0).")
+    if kind == "local":
+        if any(g.gpus_per_worker > 0 for g in plan.groups.values()) and machine_gpus == 0:
+            report.errors.append(f"stage {name!r} asks for GPUs ({groups}) but this machine has none. {on_cpu_fix}")
+        return
+    if kind != "ray" or ray_args.get("address") is not None:
+        return  # an existing cluster's resources are known only to the cluster
+    need_cpus = sum(g.cpus_per_worker * g.num_workers for g in owners)
+    need_gpus = sum(g.gpus_per_worker * g.num_workers for g in owners)
+    have_gpus = ray_args.get("num_gpus") if ray_args.get("num_gpus") is not None else machine_gpus
+    if need_gpus > have_gpus:
+        where = "this machine has none" if have_gpus == 0 else f"the local Ray cluster has {have_gpus:g}"
+        report.errors.append(
+            f"stage {name!r} needs {need_gpus:g} GPUs ({groups}) but {where}. "
+            + (on_cpu_fix if have_gpus == 0 else "Lower num_workers or gpus_per_worker of its groups.")
+        )
+    num_cpus = ray_args.get("num_cpus")
+    if num_cpus is None and need_cpus > machine_cpus:
+        report.errors.append(
+            f"stage {name!r} needs {need_cpus:g} CPUs ({groups}) but this machine has {machine_cpus}, and the "
+            f"local Ray cluster would oversubscribe them. Use fewer workers (--config 'fiddler:workers(n="
+            f"{max(1, machine_cpus)})') or CPUs per worker, run in-process (--config fiddler:local), or "
+            f"oversubscribe on purpose with set:runtime.num_cpus={math.ceil(need_cpus)}."
+        )
+    elif num_cpus is not None and need_cpus > num_cpus:
+        report.errors.append(
+            f"stage {name!r} needs {need_cpus:g} CPUs ({groups}) but RayRuntime.num_cpus={num_cpus}: Ray would "
+            f"wait forever for the placement. Raise set:runtime.num_cpus={math.ceil(need_cpus)} or use fewer workers."
+        )
+    elif num_cpus is not None and num_cpus > machine_cpus and need_cpus > machine_cpus:
+        report.warnings.append(
+            f"stage {name!r} runs {need_cpus:g} CPUs of workers on a machine with {machine_cpus} (RayRuntime.num_cpus="
+            f"{num_cpus}): oversubscribed, each worker will be slower."
+        )
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _group_estimators() -> tuple[type, ...]:
+    """Estimators whose baseline comes from the other samples of the same prompt."""
+    from rlhf.algos import (
+        GPG,
+        GRPO,
+        OPO,
+        RLOO,
+        GRPOPassK,
+        OptimalTokenBaseline,
+        ReinforcePlusPlusBaseline,
+    )
+
+    return (GRPO, GRPOPassK, RLOO, OPO, GPG, ReinforcePlusPlusBaseline, OptimalTokenBaseline)
+
+
+def _callable_of(value: Any) -> Any:
+    return fdl.get_callable(value) if isinstance(value, fdl.Buildable) else type(value)
+
+
+def _check_data_flow(name: str, stage: Any, report: Report) -> None:
+    from rlhf.trainers.rl import RLTrainer
+    from rlhf.workers.policy import PolicyWorker
+
+    for node, path in _nodes(stage, _stage_prefix(name)):
+        where = _cli_path(path)
+        if _is(node, RLTrainer):
+            args = _args(node)
+            estimator = _callable_of(args.get("advantage"))
+            if getattr(estimator, "requires_critic", False) and args.get("critic") is None:
+                report.errors.append(
+                    f"{where}.advantage: {estimator.__name__} needs a critic (values), and "
+                    f"{fdl.get_callable(node).__name__} has no critic group. Use a critic-free estimator: gin "
+                    "`RLTrainer.advantage = @rlhf.algos.GRPO()` (or RLOO, ReinforcePlusPlus), or a trainer with a "
+                    "critic."
+                )
+            n = _get(args.get("sampling"), "n")
+            if isinstance(estimator, type) and issubclass(estimator, _group_estimators()) and n == 1:
+                report.errors.append(
+                    f"{where}.sampling.n: {estimator.__name__} compares the samples of each prompt, and n=1 gives "
+                    f"groups of one sample: every advantage is 0 and nothing is learned. Set n >= 2 (--config "
+                    f"set:{where}.sampling.n=8), or use a single-sample estimator (ReinforcePlusPlus, ReMax)."
+                )
+        if _is(node, PolicyWorker):
+            args = _args(node)
+            objective = args.get("objective")
+            kl = _get(objective, "kl_loss") if objective is not None else None
+            if kl is not None and args.get("ref_model_path") is None:
+                report.errors.append(
+                    f"{where}.ref_model_path: the objective has a KL loss ({where}.objective.kl_loss) against a "
+                    f"reference policy, but ref_model_path is None. Set it (usually the initial model: --config "
+                    f"'set:{where}.ref_model_path=\"...\"'), or drop the KL loss (set:{where}.objective.kl_loss=None)."
+                )
+
+
+def _batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
+    from rlhf.runtime.remote import Remote
+    from rlhf.trainers.rl import RLTrainer
+    from rlhf.trainers.sft import SFTTrainer
+
+    out = []
+    kind, _ = _runtime(graph)
+    for node, path in _nodes(stage, _stage_prefix(name)):
+        if not (_is(node, RLTrainer) or _is(node, SFTTrainer)):
+            continue
+        args = _args(node)
+        policy = args.get("policy")
+        if not _is(policy, Remote):
+            continue
+        group, worker = _args(policy), _get(policy, "worker")
+        if _is(node, RLTrainer):
+            field, prompts, n = "prompts_per_step", args.get("prompts_per_step"), _get(args.get("sampling"), "n")
+        else:
+            field, prompts, n = "batch_size", args.get("batch_size"), 1
+        numbers = (prompts, n, group.get("num_workers"), _get(worker, "mini_batches"), _get(worker, "micro_batch_size"),
+                   _get(worker, "epochs"))
+        if not all(isinstance(x, int) and x > 0 for x in numbers):
+            continue  # not plain numbers (unresolved or bad values): the components' own checks apply
+        workers, note = numbers[2], ""
+        if kind == "local" and workers > 1:
+            workers = 1
+            note = f"LocalRuntime runs the {group.get('name')!r} group with 1 worker instead of {numbers[2]}"
+        label = name if len(path) <= 2 else f"{name} ({_cli_path(path)})"
+        out.append(BatchArithmetic(label, prompts, n, workers, numbers[3], numbers[4], numbers[5], _cli_path(path),
+                                   field, note))
+    return out
+
+
+def _check_batch(b: BatchArithmetic, report: Report) -> None:
+    stage, path = b.stage, b.path
+    what = (f"prompts_per_step x sampling.n = {b.prompts} x {b.n} = {b.samples} samples"
+            if b.prompts_field == "prompts_per_step" else f"batch_size = {b.samples} examples")
+    if b.samples % b.workers:
+        fits = [w for w in range(1, b.workers + 1) if b.samples % w == 0]
+        report.errors.append(
+            f"stage {stage!r}: {what} per step do not split evenly over {b.workers} data-parallel policy workers "
+            f"(PolicyWorker.update is @shard_exact: a padded row would train twice). Make it a multiple of "
+            f"{b.workers} (e.g. --config set:{path}.{b.prompts_field}="
+            f"{_next_multiple(b.prompts, b.workers // math.gcd(b.workers, b.n))}), or use {fits[-1]} workers "
+            f"(--config 'fiddler:workers(n={fits[-1]})')."
+        )
+        return
+    rows = b.samples // b.workers
+    if b.mini_batches > rows:
+        report.errors.append(
+            f"stage {stage!r}: each worker gets {rows} rows per step but the policy worker wants {b.mini_batches} "
+            f"mini-batches. Use at most {rows} (--config set:{path}.policy.worker.mini_batches={rows})."
+        )
+    elif rows % b.mini_batches:
+        divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+        close = min(divisors, key=lambda d: (abs(d - b.mini_batches), d))
+        report.errors.append(
+            f"stage {stage!r}: each worker's {rows} rows per step do not split into {b.mini_batches} equal "
+            f"mini-batches (the last would be smaller and weigh as much in its optimizer step). Use a divisor of "
+            f"{rows}, e.g. --config set:{path}.policy.worker.mini_batches={close}, or change the samples per step."
+        )
+    else:
+        mini = rows // b.mini_batches
+        if mini % b.micro_batch_size and b.micro_batch_size < mini:
+            report.warnings.append(
+                f"stage {stage!r}: micro_batch_size={b.micro_batch_size} does not divide the {mini} rows of a "
+                f"mini-batch: the last micro-batch has {mini % b.micro_batch_size} rows (same update, uneven memory "
+                f"use). A divisor of {mini} avoids it (set:{path}.policy.worker.micro_batch_size=...)."
+            )
+
+
+def _next_multiple(x: int, k: int) -> int:
+    return max(k, math.ceil(x / k) * k)

@@ -1,0 +1,61 @@
+"""Pictures of an experiment: each stage graph as Graphviz (fiddle's renderer), and the compiled Plan.
+
+`write_viz(graph, out_dir)` writes `<stage>.dot` for every stage, `<stage>.svg` where
+Graphviz's `dot` program is installed (Debian/Ubuntu: `apt-get install graphviz`), and
+`plan.txt`: each stage's Plan (worker groups and resources) and the batch arithmetic.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import fiddle as fdl
+
+__all__ = ["DOT_MISSING", "write_viz"]
+
+DOT_MISSING = (
+    "Graphviz's `dot` program is not installed, so only .dot files were written. Install it "
+    "(Debian/Ubuntu: apt-get install -y graphviz; macOS: brew install graphviz) to get SVGs, "
+    "or render a .dot file elsewhere: dot -Tsvg STAGE.dot -o STAGE.svg"
+)
+
+
+def write_viz(graph: Any, out_dir: str | Path, stages: Sequence[str] | None = None) -> tuple[list[Path], bool]:
+    """Write the stage pictures and plan.txt to `out_dir`; returns (files written, whether SVGs were made)."""
+    from fiddle import graphviz as fiddle_graphviz
+
+    from rlhf.config.checks import batch_arithmetic, batch_table
+    from rlhf.runtime.plan import compile_graph
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    have_dot = shutil.which("dot") is not None
+    files: list[Path] = []
+    plan_text: list[str] = []
+    all_stages = dict(fdl.ordered_arguments(graph, include_defaults=True)["stages"])
+    for name, stage in all_stages.items():
+        if stages is not None and name not in stages:
+            continue
+        rendered = fiddle_graphviz.render(stage)
+        dot = out / f"{_safe(name)}.dot"
+        dot.write_text(rendered.source)
+        files.append(dot)
+        if have_dot:
+            svg = out / f"{_safe(name)}.svg"
+            svg.write_bytes(rendered.pipe(format="svg"))
+            files.append(svg)
+        plan_text.append(f"[{name}]\n{compile_graph(stage).describe()}\n")
+    batches = batch_arithmetic(graph, stages)
+    if batches:
+        plan_text.append(batch_table(batches) + "\n")
+    plan = out / "plan.txt"
+    plan.write_text("\n".join(plan_text))
+    files.append(plan)
+    return files, have_dot
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

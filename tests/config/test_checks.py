@@ -1,0 +1,227 @@
+"""Checks before anything starts: each problem has its own message saying what to change."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import fiddle as fdl
+import pytest
+
+import rlhf_configs.common as common
+from rlhf.algos import GAE, RLOO, ReinforcePlusPlus
+from rlhf.config.checks import batch_arithmetic, batch_table, check_experiment, validate
+from rlhf.config.validate import PreflightError
+from rlhf.runtime.ray_runtime import RayRuntime
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.fixture(scope="module")
+def arithmetic():
+    spec = importlib.util.spec_from_file_location("checks_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def errors(graph, **kwargs):
+    return check_experiment(graph, cpus=kwargs.pop("cpus", 16), gpus=kwargs.pop("gpus", 0), **kwargs).errors
+
+
+def grpo_row(table: str) -> list[str]:
+    """The first four cells (stage, prompts, n, samples) of the table's grpo row."""
+    (row,) = [line.split()[:4] for line in table.splitlines() if line.strip().startswith("grpo")]
+    return row
+
+
+def one_error(graph, **kwargs) -> str:
+    found = errors(graph, **kwargs)
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_the_shipped_experiment_passes_and_its_batch_table_has_the_numbers(arithmetic):
+    graph = arithmetic.base()
+    report = check_experiment(graph, cpus=2, gpus=0)
+    assert report.errors == [] and report.warnings == []
+    sft, grpo = report.batches
+    # SFT: 128 examples on 1 worker, 1 mini-batch, micro-batches of 128 -> 1 x 128, 1 optimizer step.
+    assert (sft.stage, sft.samples, sft.workers, sft.rows_per_worker, sft.micro_batches) == ("sft", 128, 1, 128, 1)
+    # GRPO: 16 prompts x 8 samples = 128 rows.
+    assert (grpo.stage, grpo.prompts, grpo.n, grpo.samples, grpo.optimizer_steps) == ("grpo", 16, 8, 128, 1)
+    table = batch_table(report.batches)
+    assert "prompts" in table and "rows/worker" in table and "optimizer steps" in table
+    assert grpo_row(table) == ["grpo", "16", "8", "128"]
+
+
+def test_table_counts_workers_mini_and_micro_batches(arithmetic):
+    graph = arithmetic.base()
+    common.workers(graph, n=2)
+    worker = graph.stages["grpo"].policy.worker
+    worker.mini_batches, worker.micro_batch_size, worker.epochs = 4, 8, 2
+    (_, grpo) = batch_arithmetic(graph)
+    # 128 samples / 2 workers = 64 rows; 4 mini-batches of 16; micro-batches of 8 -> 2; 2 epochs x 4 = 8 steps.
+    assert (grpo.rows_per_worker, grpo.rows_per_mini_batch, grpo.micro_batches, grpo.optimizer_steps) == (64, 16, 2, 8)
+
+
+def test_local_runtime_counts_one_worker_and_says_so(arithmetic):
+    graph = arithmetic.base()
+    common.workers(graph, n=2)
+    common.local(graph)
+    sft, _ = batch_arithmetic(graph)
+    assert sft.workers == 1 and "LocalRuntime" in sft.note
+    assert "LocalRuntime runs the 'policy' group with 1 worker instead of 2" in batch_table([sft])
+
+
+def test_samples_that_do_not_split_over_workers(arithmetic):
+    graph = arithmetic.base()
+    common.workers(graph, n=3)
+    graph.stages["sft"].batch_size = 96  # divisible by 3; GRPO's 16 x 8 = 128 is not
+    message = one_error(graph)
+    assert "stage 'grpo': prompts_per_step x sampling.n = 16 x 8 = 128 samples per step do not split evenly over 3" \
+        in message
+    assert "@shard_exact" in message
+    assert "set:stages.grpo.prompts_per_step=18" in message  # the next multiple of 3
+    assert "fiddler:workers(n=2)" in message
+
+
+def test_rows_that_do_not_split_into_mini_batches(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["grpo"].policy.worker.mini_batches = 3
+    message = one_error(graph)
+    assert "each worker's 128 rows per step do not split into 3 equal mini-batches" in message
+    assert "set:stages.grpo.policy.worker.mini_batches=2" in message  # the closest divisor of 128
+
+
+def test_more_mini_batches_than_rows(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["sft"].batch_size = 4
+    graph.stages["sft"].policy.worker.mini_batches = 8
+    assert "each worker gets 4 rows per step but the policy worker wants 8 mini-batches" in one_error(graph)
+
+
+def test_micro_batches_that_do_not_divide_are_a_warning(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["grpo"].policy.worker.micro_batch_size = 48
+    report = check_experiment(graph, cpus=16, gpus=0)
+    assert report.errors == []
+    (warning,) = report.warnings
+    assert "micro_batch_size=48 does not divide the 128 rows" in warning and "last micro-batch has 32 rows" in warning
+
+
+def test_gpus_asked_for_on_a_machine_without_them(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["grpo"].policy.gpus_per_worker = 1
+    message = one_error(graph, gpus=0)
+    assert "stage 'grpo' needs 1 GPUs" in message and "this machine has none" in message
+    assert 'fiddler:gin(path="cpu.gin")' in message
+    assert errors(graph, gpus=1) == []
+    common.local(graph)
+    assert "stage 'grpo' asks for GPUs" in one_error(graph, gpus=0)
+
+
+def test_more_cpus_than_the_local_ray_cluster_has(arithmetic):
+    graph = arithmetic.base()
+    common.workers(graph, n=4)
+    message = errors(graph, cpus=2)[0]
+    assert "needs 4 CPUs" in message and "this machine has 2" in message
+    assert "fiddler:workers(n=2)" in message and "fiddler:local" in message
+    graph.runtime = fdl.Config(RayRuntime, num_cpus=3)
+    assert "RayRuntime.num_cpus=3: Ray would wait forever" in errors(graph, cpus=2)[0]
+    graph.runtime = fdl.Config(RayRuntime, address="auto")  # an existing cluster: not ours to count
+    assert errors(graph, cpus=2) == []
+
+
+def test_an_estimator_that_needs_a_critic(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["grpo"].advantage = fdl.Config(GAE)
+    message = one_error(graph)
+    assert message.startswith("stages.grpo.advantage: GAE needs a critic")
+    assert "RLTrainer.advantage = @rlhf.algos.GRPO()" in message
+
+
+def test_a_kl_loss_without_a_reference_model(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["grpo"].policy.worker.ref_model_path = None
+    message = one_error(graph)
+    assert message.startswith("stages.grpo.policy.worker.ref_model_path: the objective has a KL loss")
+    assert "set:stages.grpo.policy.worker.objective.kl_loss=None" in message
+    graph.stages["grpo"].policy.worker.objective.kl_loss = None
+    assert errors(graph) == []
+
+
+@pytest.mark.parametrize("estimator", [None, RLOO])
+def test_a_group_estimator_with_one_sample_per_prompt(arithmetic, estimator):
+    graph = arithmetic.base()
+    if estimator is not None:
+        graph.stages["grpo"].advantage = fdl.Config(estimator)
+    graph.stages["grpo"].sampling.n = 1
+    message = one_error(graph)
+    name = "RLOO" if estimator else "GRPO"
+    assert message.startswith(f"stages.grpo.sampling.n: {name} compares the samples of each prompt")
+    assert "set:stages.grpo.sampling.n=8" in message
+    graph.stages["grpo"].advantage = fdl.Config(ReinforcePlusPlus)  # one sample per prompt is fine here
+    assert errors(graph) == []
+
+
+def test_a_required_argument_left_unset(arithmetic):
+    graph = arithmetic.base()
+    del graph.stages["sft"].policy.worker.model_path
+    message = one_error(graph)
+    assert message.startswith("stages.sft.policy.worker.model_path: PolicyWorker needs `model_path`, which is not set")
+    assert "--config 'set:stages.sft.policy.worker.model_path=...'" in message
+
+
+def test_a_partial_may_leave_arguments_to_its_caller(arithmetic):
+    graph = arithmetic.base()  # the optimizer is fdl.Partial(AdamW, lr=...): `params` comes at call time
+    assert "params" not in graph.stages["sft"].policy.worker.optimizer.__arguments__
+    assert errors(graph) == []
+
+
+def test_stage_outputs_of_stages_that_do_not_run_first(arithmetic):
+    graph = arithmetic.base()
+    message = one_error(graph, stages=["grpo"])
+    assert "stage 'grpo' uses the output 'checkpoint' of stage 'sft', which is not among the stages to run" in message
+    assert "--stages sft,grpo" in message
+    graph.stages = {"grpo": graph.stages["grpo"], "sft": graph.stages["sft"]}
+    assert any("which has not run before it" in e for e in errors(graph))
+    assert "--stages names 'gpro'" in errors(arithmetic.base(), stages=["gpro"])[0]
+
+
+def test_validate_reports_checks_and_preflight_hooks_together(arithmetic, tmp_path):
+    graph = arithmetic.base()
+    graph.stages["grpo"].sampling.n = 1
+    graph.stages["sft"].policy.worker.model_path = str(tmp_path / "no-such-model")
+    with pytest.raises(PreflightError) as err:
+        validate(graph, cpus=16, gpus=0)
+    text = str(err.value)
+    assert text.startswith("the experiment cannot start:")
+    assert "GRPO compares the samples" in text and "no-such-model" in text
+
+
+def test_the_cli_prints_the_batch_table_with_the_plan(arithmetic, capsys):
+    from rlhf.config.cli import run_cli
+
+    run_cli(arithmetic, ["--print_plan", "--config", "set:stages.grpo.prompts_per_step=4"])
+    out = capsys.readouterr().out
+    assert "batch arithmetic per step" in out
+    assert grpo_row(out) == ["grpo", "4", "8", "32"]
+
+
+def test_the_cli_stops_with_the_message_before_running(arithmetic, tmp_path):
+    from rlhf.config.cli import run_cli
+
+    with pytest.raises(SystemExit) as err:
+        run_cli(arithmetic, ["--config", "set:stages.grpo.sampling.n=1", "--config", f"set:output_dir='{tmp_path}'"])
+    assert str(err.value).startswith("error: the experiment cannot start:")
+    assert "set:stages.grpo.sampling.n=8" in str(err.value)
+    assert not any(tmp_path.iterdir())  # nothing ran
+
+
+def test_a_required_argument_of_the_root():
+    from rlhf.runtime.experiment import Experiment
+
+    expected = ("name: Experiment needs `name`, which is not set. Set it in the experiment's graph, or on the "
+                "command line: --config 'set:name=...'.")
+    assert errors(fdl.Config(Experiment, stages={})) == [expected]
