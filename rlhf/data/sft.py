@@ -1,21 +1,36 @@
-"""`SFTDataset`: prompt/response pairs in the same layout as RL rollouts.
+"""`SFTDataset`: single- and multi-turn SFT examples in the same layout as RL rollouts.
 
-A batch holds `input_ids` = [left-padded prompt | right-padded response + EOS] with
-`responses` and `response_mask`, exactly like a rollout, so the policy worker computes
-response log-probs the same way for SFT and RL, and the loss covers response tokens only.
+A batch holds `input_ids` = [left-padded prompt | right-padded response] with `responses`
+and `response_mask`, exactly like a rollout, so the policy worker computes response
+log-probs the same way for SFT and RL, and the loss covers `response_mask` tokens only.
+
+Two row formats:
+- verl prompt rows (`prompt`, `reward_model`, ...): the prompt is the chat-templated
+  `prompt` messages, the response is `response(row)` + EOS (every response token is trained).
+- chat rows with `messages` (system/user/assistant turns, several of each): the prompt is
+  the conversation up to the first assistant turn's header; the response is the rest of the
+  conversation up to the last assistant turn, and `response_mask` is 1 exactly on the
+  assistant contents and their end-of-turn token, 0 on user/system turns and on the
+  template's role headers inside it.
+
+Batches can be length-bucketed (`SFTDataset.shuffled(..., bucketed=True)`) to cut padding;
+`padding_fraction` measures it.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.data.files import fingerprint_rows
-from rlhf.data.schema import DataError, ground_truth, validate_row
-from rlhf.data.tokenize import chat_prompt_ids, left_pad, position_ids, shuffled_batches, right_pad
+from rlhf.data.schema import DataError, ground_truth, to_python, validate_row
+from rlhf.data.tokenize import chat_prompt_ids, left_pad, position_ids, right_pad, shuffled_batches
 
 
 def answer_from_ground_truth(row: Mapping) -> str:
@@ -28,14 +43,119 @@ def answer_from_extra_info(row: Mapping, key: str = "answer") -> str:
     return row["extra_info"][key]
 
 
+# ------------------------------------------------------------------ multi-turn
+def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], generation_prompt: bool) -> str:
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=False
+    )
+
+
+def conversation_ids(
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], *, where: str = "conversation"
+) -> tuple[list[int], list[int], list[int]]:
+    """(prompt ids, response ids, response mask) of a chat with one or more assistant turns.
+
+    The template is rendered on growing prefixes of the conversation: the text added by
+    `messages[:i+1]` over `messages[:i]` + generation prompt is assistant turn i (its content,
+    end-of-turn token and the template's separator after it), and everything else is
+    context. Each piece is tokenised on its own, so the span boundaries are exact whatever the
+    tokenizer merges. Inside an assistant piece the mask stops after its last special token
+    (the end-of-turn marker, e.g. <|im_end|>; ChatML's trailing newline carries no loss). A template whose
+    render of a prefix is not a prefix of the full render (e.g. one that drops earlier
+    reasoning) is refused with a DataError.
+    """
+    roles = [m.get("role") if isinstance(m, Mapping) else None for m in messages]
+    assistant = [i for i, r in enumerate(roles) if r == "assistant"]
+    if not assistant or any(not isinstance(m, Mapping) or not isinstance(m.get("content"), str) for m in messages):
+        raise DataError(
+            f"{where}: `messages` must be a list of {{role, content}} dicts with at least one assistant turn, "
+            f"got roles {roles}"
+        )
+    # end-of-turn markers: EOS and the template's other special tokens (Qwen base: EOS is
+    # <|endoftext|>, turns end with <|im_end|>)
+    end_ids = {tokenizer.eos_token_id, *tokenizer.all_special_ids}
+
+    def ids(text: str) -> list[int]:
+        return tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def piece(previous: str, current: str) -> str:
+        if not current.startswith(previous):
+            raise DataError(
+                f"{where}: the chat template does not render conversations incrementally (the render of the "
+                "first turns is not a prefix of the render of more turns), so assistant spans cannot be found; "
+                "use a template without history rewriting"
+            )
+        return current[len(previous):]
+
+    prompt_text = _render(tokenizer, messages[: assistant[0]], True)
+    prompt = ids(prompt_text)
+    response: list[int] = []
+    mask: list[int] = []
+    done = prompt_text  # rendered text covered so far
+    for turn in assistant:
+        header = _render(tokenizer, messages[:turn], True)
+        context = ids(piece(done, header))  # user/system turns + the assistant header
+        answer = ids(piece(header, _render(tokenizer, messages[: turn + 1], False)))
+        trained = max((k + 1 for k, t in enumerate(answer) if t in end_ids), default=len(answer))
+        response += context + answer
+        mask += [0] * len(context) + [1] * trained + [0] * (len(answer) - trained)
+        done = _render(tokenizer, messages[: turn + 1], False)
+    while mask and not mask[-1]:  # nothing to learn after the last end-of-turn token
+        response.pop()
+        mask.pop()
+    return prompt, response, mask
+
+
+# ----------------------------------------------------------------- bucketing
+def length_bucketed_batches(
+    lengths: Sequence[int], batch_size: int, seed: int, start_step: int = 0, pool: int = 16
+) -> Iterator[list[int]]:
+    """Endless batches of row indices with similar lengths, reshuffled each epoch from (seed, epoch).
+
+    Each epoch: a random permutation is cut into pools of `pool` x `batch_size` rows, each pool
+    is sorted by length and cut into batches, and the batches of the epoch are shuffled (so
+    long and short batches alternate). Randomness stays (which rows share a pool is random)
+    while padding drops. Step k's batch depends only on (seed, k): resumable at `start_step`.
+    """
+    num_rows = len(lengths)
+    if batch_size > num_rows:
+        raise ValueError(f"batch size {batch_size} exceeds the {num_rows} rows of the dataset")
+    lengths = np.asarray(lengths)
+    per_epoch = num_rows // batch_size
+
+    @functools.lru_cache(maxsize=2)
+    def epoch_batches(epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([seed, epoch])
+        order = rng.permutation(num_rows)[: per_epoch * batch_size]  # full batches only, as unbucketed
+        batches = []
+        for start in range(0, len(order), pool * batch_size):
+            chunk = order[start : start + pool * batch_size]
+            chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+            batches += [chunk[i : i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
+        return [batches[i] for i in rng.permutation(len(batches))]
+
+    step = start_step
+    while True:
+        epoch, offset = divmod(step, per_epoch)
+        yield epoch_batches(epoch)[offset]
+        step += 1
+
+
+def padding_fraction(batch: Batch) -> float:
+    """Padded tokens / all tokens of the batch (its `attention_mask` is 0 on padding)."""
+    mask = batch["attention_mask"]
+    return 1.0 - float(mask.sum()) / max(mask.numel(), 1)
+
+
+# ------------------------------------------------------------------- dataset
 class SFTDataset:
-    """Single-turn SFT examples built from verl-schema rows and a response function."""
+    """SFT examples from verl prompt rows (+ a response function) or from chat `messages` rows."""
 
     def __init__(
         self,
         rows: Sequence[dict],
         tokenizer: PreTrainedTokenizerBase,
-        response: Callable[[Mapping], str] = answer_from_ground_truth,  # row -> target text
+        response: Callable[[Mapping], str] = answer_from_ground_truth,  # prompt row -> target text
         max_length: int = 1024,  # prompt + response tokens; longer examples are dropped
         name: str = "sft",
     ):
@@ -45,33 +165,49 @@ class SFTDataset:
         self.tokenizer = tokenizer
         self.fingerprint = fingerprint_rows(rows)
         eos = tokenizer.eos_token_id
-        self.examples: list[tuple[list[int], list[int]]] = []
+        # (prompt ids, response ids, response mask) per example
+        self.examples: list[tuple[list[int], list[int], list[int]]] = []
         self.num_filtered = 0
         for i, row in enumerate(rows):
-            validate_row(row, source=name, index=i)
-            try:
-                text = response(row)
-            except (KeyError, TypeError) as err:
-                raise DataError(
-                    f"{name}: row {i} has no response text ({type(err).__name__}: {err}); "
-                    "check the rows or the `response` function of the SFT dataset",
-                    source=name, index=i,
-                ) from err
-            prompt = chat_prompt_ids(tokenizer, row["prompt"])
-            target = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+            if isinstance(row, Mapping) and "messages" in row:
+                prompt, target, mask = conversation_ids(tokenizer, to_python(row["messages"]), where=f"{name}, row {i}")
+            else:
+                validate_row(row, source=name, index=i)
+                try:
+                    text = response(row)
+                except (KeyError, TypeError) as err:
+                    raise DataError(
+                        f"{name}: row {i} has no response text ({type(err).__name__}: {err}); "
+                        "check the rows or the `response` function of the SFT dataset",
+                        source=name, index=i,
+                    ) from err
+                prompt = chat_prompt_ids(tokenizer, row["prompt"])
+                target = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+                mask = [1] * len(target)
             if len(prompt) + len(target) > max_length:
                 self.num_filtered += 1
                 continue
-            self.examples.append((prompt, target))
+            self.examples.append((prompt, target, mask))
+        if not self.examples:
+            raise DataError(f"SFT dataset {name!r}: every row is longer than max_length={max_length} tokens")
 
     def __len__(self) -> int:
         return len(self.examples)
 
+    @property
+    def lengths(self) -> list[int]:
+        """Prompt + response tokens of each example."""
+        return [len(p) + len(r) for p, r, _ in self.examples]
+
     def collate(self, indices: Sequence[int]) -> Batch:
         pad = self.tokenizer.pad_token_id
-        prompts, prompt_mask = left_pad([self.examples[i][0] for i in indices], pad)
-        responses, response_mask = right_pad([self.examples[i][1] for i in indices], pad)
-        mask = torch.cat([prompt_mask, response_mask], dim=1)
+        examples = [self.examples[i] for i in indices]
+        prompts, prompt_mask = left_pad([e[0] for e in examples], pad)
+        responses, attention = right_pad([e[1] for e in examples], pad)
+        response_mask = torch.zeros_like(responses)
+        for row, (_, _, m) in enumerate(examples):
+            response_mask[row, : len(m)] = torch.tensor(m, dtype=torch.long)
+        mask = torch.cat([prompt_mask, attention], dim=1)
         return Batch(
             {
                 "input_ids": torch.cat([prompts, responses], dim=1),
@@ -82,7 +218,48 @@ class SFTDataset:
             }
         )
 
-    def shuffled(self, batch_size: int, seed: int, start_step: int = 0) -> Iterator[Batch]:
-        """Endless full batches, reshuffled each epoch from `seed`; resumable at `start_step`."""
-        for indices in shuffled_batches(len(self), batch_size, seed, start_step):
+    def shuffled(
+        self, batch_size: int, seed: int, start_step: int = 0, bucketed: bool = False
+    ) -> Iterator[Batch]:
+        """Endless full batches, reshuffled each epoch from `seed`; resumable at `start_step`.
+
+        bucketed: batches of similar lengths (see `length_bucketed_batches`) to cut padding.
+        """
+        if bucketed:
+            order = length_bucketed_batches(self.lengths, batch_size, seed, start_step)
+        else:
+            order = shuffled_batches(len(self), batch_size, seed, start_step)
+        for indices in order:
             yield self.collate(indices)
+
+    def in_order(self, batch_size: int) -> Iterator[Batch]:
+        """Every example once, in order (validation); the last batch may be smaller."""
+        for start in range(0, len(self), batch_size):
+            yield self.collate(range(start, min(start + batch_size, len(self))))
+
+
+def load_sft_rows(path: str) -> list[dict]:
+    """Rows of a parquet / JSON Lines / JSON file for an SFTDataset: verl prompt rows (checked
+    against the schema, as `load_rows`) or chat rows with `messages` (checked by SFTDataset)."""
+    from rlhf.data.files import ReadReport, _check_readable, _parse
+
+    file = Path(path)
+    _check_readable(file)
+    rows = []
+    for index, line, row in _parse(file, ReadReport(path=str(file)), "raise"):
+        row = to_python(row)
+        if not (isinstance(row, Mapping) and "messages" in row):
+            validate_row(row, source=str(file), index=index, line=line)
+            if row.get("extra_info") is None:
+                row["extra_info"] = {}
+        rows.append(row)
+    return rows
+
+
+def _preflight(arguments: Mapping) -> None:
+    """Read and check the file before any stage starts (see rlhf.config.validate)."""
+    if isinstance(arguments.get("path"), str):
+        load_sft_rows(arguments["path"])
+
+
+load_sft_rows.preflight = _preflight  # type: ignore[attr-defined]

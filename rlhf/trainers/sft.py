@@ -1,15 +1,39 @@
-"""The SFT trainer: supervised fine-tuning of the policy group on response tokens only."""
+"""The SFT trainer: supervised fine-tuning of the policy group on response tokens only.
+
+batch -> update -> log (loss, padding) -> validate (held-out loss, exact match) -> checkpoint.
+Gradient accumulation is the policy worker's (`micro_batch_size` below `batch_size`), the LR
+schedule is its `lr_scheduler`, data parallelism is the group's `num_workers`. The `final/`
+folder is a Hugging Face model that an RL stage starts from (`StageOutput(stage="sft")`),
+which also makes this stage's run the RL run's parent in Aim.
+"""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from rlhf.data.sft import SFTDataset
+from rlhf.data.sft import SFTDataset, padding_fraction
+from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks
+
+
+def validation_loss(policy, data: SFTDataset, batch_size: int) -> dict[str, float]:
+    """`val/sft_loss`: mean NLL per trained token over all of `data`, with no gradient.
+
+    loss = sum_{b,t} -log p(y_bt) m_bt / sum_{b,t} m_bt, with log p from the policy's
+    `compute_log_probs` (B,T) and m the response_mask (B,T): the training loss on held-out data.
+    """
+    nll, tokens = 0.0, 0.0
+    for batch in data.in_order(batch_size):
+        log_probs = policy.compute_log_probs(batch)["old_log_probs"]
+        mask = batch["response_mask"].to(log_probs.dtype)
+        nll += float(-(log_probs * mask).sum())
+        tokens += float(mask.sum())
+    return {"val/sft_loss": nll / max(tokens, 1.0)}
 
 
 class SFTTrainer:
@@ -21,8 +45,14 @@ class SFTTrainer:
         data: SFTDataset,
         batch_size: int = 128,  # examples per optimizer step, over all data-parallel workers
         total_steps: int = 500,
-        evaluator: Evaluator | None = None,
+        evaluator: Evaluator | None = None,  # generation-based exact match on held-out prompts
+        val_data: SFTDataset | None = None,  # held-out examples for `val/sft_loss`; None: no val loss
+        val_batch_size: int = 64,  # examples per log-prob call of the validation loss
         test_freq: int = 0,  # validate every k steps (0: only at the end); always at the end
+        val_before_train: bool = False,  # also validate the initial model (logged at step 0)
+        bucketed: bool = False,  # batches of similar lengths (less padding); see length_bucketed_batches
+        save_freq: int = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
+        keep_checkpoints: int = 2,  # complete checkpoints kept (oldest deleted)
         seed: int = 0,
     ):
         self.policy = policy
@@ -30,21 +60,69 @@ class SFTTrainer:
         self.batch_size = batch_size
         self.total_steps = total_steps
         self.evaluator = evaluator
+        self.val_data = val_data
+        self.val_batch_size = val_batch_size
         self.test_freq = test_freq
+        self.val_before_train = val_before_train
+        self.bucketed = bucketed
+        self.save_freq = save_freq
+        self.keep_checkpoints = keep_checkpoints
         self.seed = seed
 
     def run(self, ctx: StageContext) -> dict:
-        ctx.record({"data": {"train": self.data.fingerprint}})
-        batches = self.data.shuffled(self.batch_size, self.seed)
-        bar = tqdm(range(1, self.total_steps + 1), desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
+        checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
+        start = self.restore(checkpoints) if ctx.resume else 0
+        fingerprints = {"train": self.data.fingerprint}
+        if self.val_data is not None:
+            fingerprints["val"] = self.val_data.fingerprint
+        ctx.record({"data": fingerprints})
+        if self.val_before_train and start == 0:
+            ctx.log(self.validate(), 0)
+        batches = self.data.shuffled(self.batch_size, self.seed, start_step=start, bucketed=self.bucketed)
+        bar = tqdm(range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
+                   desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
         metrics: dict[str, float] = {}
         for step in bar:
-            start = time.perf_counter()
-            metrics = mean_over_ranks(self.policy.update(next(batches)))
-            metrics["timing_s/step"] = time.perf_counter() - start
-            if self.evaluator is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
-                metrics.update(self.evaluator(self.policy))
+            metrics = self.step(next(batches))
+            if step == self.total_steps or (self.test_freq and step % self.test_freq == 0):
+                metrics.update(self.validate())
             ctx.log(metrics, step)
+            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
+                self.save(checkpoints, step)
             bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", refresh=False)
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
         return {"checkpoint": checkpoint, "metrics": metrics}
+
+    def step(self, batch) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = mean_over_ranks(self.policy.update(batch))
+        metrics["timing_s/step"] = time.perf_counter() - start
+        metrics["sft/padding_frac"] = padding_fraction(batch)
+        metrics["sft/num_tokens"] = float(batch["response_mask"].sum())
+        metrics["perf/total_num_tokens"] = float(batch["attention_mask"].sum())
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        if self.val_data is not None:
+            metrics.update(validation_loss(self.policy, self.val_data, self.val_batch_size))
+        if self.evaluator is not None:
+            metrics.update(self.evaluator(self.policy))
+        return metrics
+
+    # -------------------------------------------------------- checkpoints
+    def save(self, checkpoints: CheckpointManager, step: int) -> Path:
+        if not all(self.policy.weights_finite()):
+            raise FloatingPointError(
+                f"the policy weights are not finite at step {step}; refusing to write a checkpoint. "
+                f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
+            )
+        return checkpoints.save(step, lambda folder: self.policy.save_state(str(folder / "policy")), {})
+
+    def restore(self, checkpoints: CheckpointManager) -> int:
+        """Load the newest complete checkpoint, if any; returns the step to continue after."""
+        latest = checkpoints.latest()
+        if latest is None:
+            return 0
+        self.policy.load_state(str(latest / "policy"))
+        return int(CheckpointManager.read_state(latest)["step"])

@@ -68,6 +68,7 @@ class PolicyWorker:
         mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
         grad_clip: float | None = 1.0,  # max global gradient norm; None: no clipping
+        adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(r=8): train only an adapter
         seed: int = 0,
     ):
         if getattr(objective, "needs_ref", False) and ref_model_path is None:
@@ -76,9 +77,11 @@ class PolicyWorker:
                 "is None. Set ref_model_path (usually the initial model path) or remove the KL loss."
             )
         self.objective = objective
+        self.adapter = adapter
         self.tokenizer = load_tokenizer(model_path)
+        model = load_causal_lm(model_path, dtype)
         self.trainer = ModelTrainer(
-            load_causal_lm(model_path, dtype),
+            adapter(model) if adapter is not None else model,
             optimizer if objective is not None else None,
             lr_scheduler,
             strategy=strategy,
@@ -170,8 +173,22 @@ class PolicyWorker:
     # ------------------------------------------------------------ state I/O
     @on_all_ranks
     def save(self, path: str) -> str:
-        """Write a Hugging Face model folder (weights + tokenizer) atomically; returns the path."""
-        return self.trainer.save_pretrained(path, self.tokenizer)
+        """Write a Hugging Face model folder (weights + tokenizer) atomically; returns the path.
+
+        With an adapter, the folder holds the merged model (so RL stages start from it
+        unchanged) and `<path>-adapter` holds the adapter alone.
+        """
+        if self.adapter is None:
+            return self.trainer.save_pretrained(path, self.tokenizer)
+        from rlhf.workers.lora import merged, save_adapter
+        from rlhf.workers.training import atomic_write_dir
+
+        model = self.trainer.unwrapped()  # DDP/CPU; under FSDP gather with accelerator.get_state_dict first
+        if self.trainer.accelerator.is_main_process:
+            save_adapter(model, f"{path}-adapter")
+            atomic_write_dir(path, lambda tmp: (merged(model).save_pretrained(tmp), self.tokenizer.save_pretrained(tmp)))
+        self.trainer.accelerator.wait_for_everyone()
+        return path
 
     @on_all_ranks
     def save_state(self, path: str) -> None:

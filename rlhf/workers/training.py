@@ -56,7 +56,8 @@ class ModelTrainer:
         self.prefix = prefix
         self.skipped_steps = 0
         if optimizer is not None:
-            self.model, self.optimizer = self.accelerator.prepare(model, optimizer(model.parameters()))
+            trainable = [p for p in model.parameters() if p.requires_grad]  # frozen weights get no optimizer state
+            self.model, self.optimizer = self.accelerator.prepare(model, optimizer(trainable))
             self.scheduler = lr_scheduler(self.optimizer) if lr_scheduler is not None else None
             if self.scheduler is not None:  # saved by save_state; not prepared (that would step it per rank)
                 self.accelerator.register_for_checkpointing(self.scheduler)
