@@ -1,0 +1,414 @@
+"""The FastAPI app: OpenAI's `/v1/completions`, `/v1/chat/completions` and `/v1/models`.
+
+Handlers validate and tokenise on the event loop (cheap), queue a `Job` on the
+`BatchScheduler`, and await its result while generation runs in the scheduler's worker
+thread. Every failure is an OpenAI-style error body (`{"error": {...}}`) with the status
+OpenAI would use: 400 bad request, 401 bad key, 404 unknown model or path, 413 body too
+large, 429 queue full, 503 shutting down or overloaded, 500 engine failure.
+
+Streaming (`stream: true`) sends OpenAI's chunks as server-sent events once the request's
+batch has finished generating: one chunk per token, then the finish reason, then
+`data: [DONE]`. The HF engine generates a whole batch in one `generate` call, so tokens
+are not available earlier; waiting also lets a failure be a real HTTP status instead of an
+error event in a 200 stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from rlhf.data.tokenize import chat_prompt_ids
+from rlhf.serve.completion import Completion
+from rlhf.serve.engine import ServeEngine
+from rlhf.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
+from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
+
+log = logging.getLogger("rlhf.serve")
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+
+
+@dataclasses.dataclass(frozen=True)
+class ServeLimits:
+    """What one server accepts; every limit answers with an OpenAI error body, never a crash."""
+
+    max_request_bytes: int = 1 << 20  # larger request bodies get 413
+    max_tokens_limit: int = 1024  # max_tokens above this gets 400; also chat's default max_tokens
+    max_batch_size: int = 32  # rows (prompts x n) per generate call; a request may not exceed it
+    batch_wait_ms: float = 10.0  # how long the oldest queued request waits for others to batch with
+    max_queue: int = 512  # requests waiting for the engine; more get 429
+    queue_timeout_s: float = 600.0  # a request still queued after this gets 503 (overloaded)
+
+
+def build_app(
+    engine: ServeEngine,
+    model_name: str,
+    limits: ServeLimits = ServeLimits(),
+    api_key: str | None = None,
+    model_aliases: Sequence[str] = (),
+) -> FastAPI:
+    """An app serving `engine` as model `model_name` (requests may also name one of `model_aliases`)."""
+    scheduler = BatchScheduler(
+        engine,
+        max_batch_size=limits.max_batch_size,
+        batch_wait_s=limits.batch_wait_ms / 1000,
+        max_queue=limits.max_queue,
+        queue_timeout_s=limits.queue_timeout_s,
+    )
+    tokenizer = engine.tokenizer
+    names = {model_name, *model_aliases}
+    created = int(time.time())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        scheduler.start()
+        try:
+            yield
+        finally:
+            await scheduler.close()
+
+    app = FastAPI(title="rlhf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.scheduler = scheduler
+
+    # ------------------------------------------------------------------ errors
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+        headers = {"Retry-After": "1"} if err.status in (429, 503) else None
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        return JSONResponse(ApiError(err.status_code, message).body(), status_code=err.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, err: RequestValidationError) -> JSONResponse:
+        return JSONResponse(ApiError(400, str(err)).body(), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _server_error(request: Request, err: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        body = ApiError(500, f"Internal server error ({type(err).__name__}).", type="server_error").body()
+        return JSONResponse(body, status_code=500)
+
+    # --------------------------------------------------------------- checks
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
+            raise ApiError(
+                401,
+                "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                code="invalid_api_key",
+            )
+
+    async def read_json(request: Request) -> object:
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limits.max_request_bytes:
+            raise _too_large(limits.max_request_bytes)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_request_bytes:
+                raise _too_large(limits.max_request_bytes)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ApiError(400, f"We could not parse the JSON body of your request ({err}).") from None
+
+    def check_model(name: str) -> None:
+        if name not in names:
+            raise ApiError(
+                404, f"The model `{name}` does not exist; this server serves `{model_name}`.", param="model",
+                code="model_not_found",
+            )
+
+    def max_tokens(requested: int | None, prompts: list[list[int]], default: int, param: str, prompt_param: str) -> int:
+        """The request's max_tokens (or `default`), checked against the limit and the context length."""
+        room = engine.max_model_len - max(len(p) for p in prompts)
+        if room < 1:
+            raise ApiError(
+                400, f"This model's maximum context length is {engine.max_model_len} tokens; the prompt has "
+                f"{engine.max_model_len - room}.", param=prompt_param, code="context_length_exceeded",
+            )
+        if requested is None:
+            return min(default, room)
+        if requested > limits.max_tokens_limit:
+            raise ApiError(
+                400, f"{param}={requested} is above this server's limit of {limits.max_tokens_limit}.",
+                param=param, code="max_tokens_too_large",
+            )
+        if requested > room:
+            raise ApiError(
+                400, f"This model's maximum context length is {engine.max_model_len} tokens: the prompt "
+                f"({engine.max_model_len - room}) plus {param} ({requested}) exceeds it.",
+                param=param, code="context_length_exceeded",
+            )
+        return requested
+
+    async def run(job: Job) -> list[Completion]:
+        if job.rows > limits.max_batch_size:
+            raise ApiError(
+                400, f"n x prompts = {job.rows} exceeds this server's batch size ({limits.max_batch_size}).",
+                param="n",
+            )
+        try:
+            return await scheduler.submit(job)
+        except QueueFull as err:
+            raise ApiError(429, f"Server queue is full: {err}. Retry later.", type="rate_limit_error",
+                           code="queue_full") from None
+        except ShuttingDown:
+            raise ApiError(503, "The server is shutting down.", type="server_error", code="shutting_down") from None
+        except Overloaded as err:
+            raise ApiError(503, f"The server is overloaded: {err}.", type="server_error", code="overloaded") from None
+        except Exception as err:  # the engine failed on this batch (logged by the scheduler)
+            raise ApiError(500, f"Generation failed: {type(err).__name__}: {err}", type="server_error") from None
+
+    def sampling(request: CompletionRequest | ChatCompletionRequest) -> dict:
+        temperature = 1.0 if request.temperature is None else request.temperature
+        return {
+            "n": request.n,
+            "temperature": temperature,
+            "top_p": 1.0 if request.top_p is None else request.top_p,
+            "top_k": request.top_k or 0,
+            "stop": request.stop_strings(),
+            "seed": request.seed,
+        }
+
+    # ---------------------------------------------------------------- routes
+    v1 = [Depends(authorize)]
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {
+            "status": "ok", "queued": scheduler.queued, "batches": scheduler.batches_run, "rows": scheduler.rows_run
+        }
+
+    @app.get("/v1/models", dependencies=v1)
+    async def models() -> dict:
+        return {"object": "list", "data": [_model_card(model_name, created, engine.max_model_len)]}
+
+    @app.get("/v1/models/{name:path}", dependencies=v1)
+    async def model(name: str) -> dict:
+        check_model(name)
+        return _model_card(model_name, created, engine.max_model_len)
+
+    @app.post("/v1/completions", dependencies=v1)
+    async def completions(request: Request):
+        req = parse_request(CompletionRequest, await read_json(request))
+        check_model(req.model)
+        prompts = _completion_prompts(req.prompt, tokenizer)
+        limit = max_tokens(req.max_tokens, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", "prompt")
+        choices = await run(Job(prompts, max_tokens=limit, **sampling(req)))
+        echoes = [tokenizer.decode(p, skip_special_tokens=True) if req.echo else "" for p in prompts]
+        echoes = [e for e in echoes for _ in range(req.n)]
+        prompt_tokens = sum(len(p) for p in prompts)
+        reply = _Reply(f"cmpl-{uuid.uuid4().hex}", "text_completion", int(time.time()), model_name)
+        with_logprobs = req.logprobs is not None
+        if req.stream:
+            usage = req.stream_options is not None and bool(req.stream_options.include_usage)
+            return _sse(reply.completion_chunks(choices, echoes, with_logprobs, prompt_tokens, usage, tokenizer))
+        return reply.completion(choices, echoes, with_logprobs, prompt_tokens, tokenizer)
+
+    @app.post("/v1/chat/completions", dependencies=v1)
+    async def chat_completions(request: Request):
+        req = parse_request(ChatCompletionRequest, await read_json(request))
+        check_model(req.model)
+        try:
+            prompt = chat_prompt_ids(tokenizer, [m.template_dict() for m in req.messages])
+        except Exception as err:  # the model's chat template rejected the messages
+            raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
+        requested = req.max_completion_tokens or req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        limit = max_tokens(requested, [prompt], limits.max_tokens_limit, param, "messages")
+        choices = await run(Job([prompt], max_tokens=limit, **sampling(req)))
+        reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", int(time.time()), model_name)
+        if req.stream:
+            usage = req.stream_options is not None and bool(req.stream_options.include_usage)
+            return _sse(reply.chat_chunks(choices, bool(req.logprobs), len(prompt), usage, tokenizer))
+        return reply.chat(choices, bool(req.logprobs), len(prompt), tokenizer)
+
+    return app
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, f"Request body is larger than this server's limit of {limit} bytes.",
+                    code="request_too_large")
+
+
+def _model_card(name: str, created: int, max_model_len: int) -> dict:
+    return {"id": name, "object": "model", "created": created, "owned_by": "rlhf", "max_model_len": max_model_len}
+
+
+def _completion_prompts(prompt: str | list, tokenizer) -> list[list[int]]:
+    """Token ids of each prompt: a string, strings, token ids, or lists of token ids."""
+    if isinstance(prompt, str):
+        prompt = [prompt]
+    if not prompt:
+        raise ApiError(400, "prompt must not be empty.", param="prompt")
+    if isinstance(prompt[0], int):
+        prompt = [prompt]
+    ids = [tokenizer(p)["input_ids"] if isinstance(p, str) else list(p) for p in prompt]
+    vocab = len(tokenizer)
+    for p in ids:
+        if not p:
+            raise ApiError(400, "prompt must not be empty.", param="prompt")
+        if min(p) < 0 or max(p) >= vocab:
+            raise ApiError(400, f"prompt token ids must be in [0, {vocab}).", param="prompt")
+    return ids
+
+
+def _sse(events: AsyncIterator[dict]) -> StreamingResponse:
+    async def lines():
+        async for event in events:
+            yield f"data: {json.dumps(event, separators=(',', ':'))}\n\n"
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(
+        lines(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+def _usage(prompt_tokens: int, choices: list[Completion]) -> dict:
+    completion_tokens = sum(len(c.token_ids) for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def _token_strings(tokenizer, ids: list[int]) -> list[str]:
+    return [tokenizer.decode([i]) for i in ids]
+
+
+def _chat_logprobs(c: Completion, tokenizer, start: int = 0, stop: int | None = None) -> dict:
+    ids, lps = c.token_ids[start:stop], c.log_probs[start:stop]
+    content = [
+        {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+        for t, lp in zip(_token_strings(tokenizer, ids), lps)
+    ]
+    return {"content": content, "refusal": None}
+
+
+def _completion_logprobs(c: Completion, tokenizer, offset: int, start: int = 0, stop: int | None = None) -> dict:
+    offsets, at = [], offset
+    for piece in c.pieces:
+        offsets.append(at)
+        at += len(piece)
+    return {
+        "tokens": _token_strings(tokenizer, c.token_ids[start:stop]),
+        "token_logprobs": c.log_probs[start:stop],
+        "top_logprobs": None,
+        "text_offset": offsets[start:stop],
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+    """OpenAI response bodies and stream chunks for one request."""
+
+    id: str
+    object: str
+    created: int
+    model: str
+
+    def _head(self, object: str) -> dict:
+        return {"id": self.id, "object": object, "created": self.created, "model": self.model,
+                "system_fingerprint": None}
+
+    def chat(self, choices: list[Completion], logprobs: bool, prompt_tokens: int, tokenizer) -> dict:
+        return {
+            **self._head("chat.completion"),
+            "choices": [
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "logprobs": _chat_logprobs(c, tokenizer) if logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for i, c in enumerate(choices)
+            ],
+            "usage": _usage(prompt_tokens, choices),
+        }
+
+    def completion(
+        self, choices: list[Completion], echoes: list[str], logprobs: bool, prompt_tokens: int, tokenizer
+    ) -> dict:
+        return {
+            **self._head("text_completion"),
+            "choices": [
+                {
+                    "index": i,
+                    "text": echo + c.text,
+                    "logprobs": _completion_logprobs(c, tokenizer, len(echo)) if logprobs else None,
+                    "finish_reason": c.finish_reason,
+                }
+                for i, (c, echo) in enumerate(zip(choices, echoes))
+            ],
+            "usage": _usage(prompt_tokens, choices),
+        }
+
+    async def chat_chunks(
+        self, choices: list[Completion], logprobs: bool, prompt_tokens: int, usage: bool, tokenizer
+    ) -> AsyncIterator[dict]:
+        head = {**self._head("chat.completion.chunk"), **({"usage": None} if usage else {})}
+
+        def chunk(index: int, delta: dict, lp=None, finish_reason=None) -> dict:
+            choice = {"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish_reason}
+            return {**head, "choices": [choice]}
+
+        for i in range(len(choices)):
+            yield chunk(i, {"role": "assistant", "content": ""})
+        for i, t in _token_order(choices, with_empty=logprobs):
+            lp = _chat_logprobs(choices[i], tokenizer, t, t + 1) if logprobs else None
+            yield chunk(i, {"content": choices[i].pieces[t]}, lp)
+            await asyncio.sleep(0)  # let other responses' chunks go out too
+        for i, c in enumerate(choices):
+            yield chunk(i, {}, finish_reason=c.finish_reason)
+        if usage:
+            yield {**head, "choices": [], "usage": _usage(prompt_tokens, choices)}
+
+    async def completion_chunks(
+        self, choices: list[Completion], echoes: list[str], logprobs: bool, prompt_tokens: int, usage: bool,
+        tokenizer,
+    ) -> AsyncIterator[dict]:
+        head = {**self._head("text_completion"), **({"usage": None} if usage else {})}
+
+        def chunk(index: int, text: str, lp=None, finish_reason=None) -> dict:
+            choice = {"index": index, "text": text, "logprobs": lp, "finish_reason": finish_reason}
+            return {**head, "choices": [choice]}
+
+        for i, echo in enumerate(echoes):
+            if echo:
+                yield chunk(i, echo)
+        for i, t in _token_order(choices, with_empty=logprobs):
+            lp = _completion_logprobs(choices[i], tokenizer, len(echoes[i]), t, t + 1) if logprobs else None
+            yield chunk(i, choices[i].pieces[t], lp)
+            await asyncio.sleep(0)
+        for i, c in enumerate(choices):
+            yield chunk(i, "", finish_reason=c.finish_reason)
+        if usage:
+            yield {**head, "choices": [], "usage": _usage(prompt_tokens, choices)}
+
+
+def _token_order(choices: list[Completion], with_empty: bool) -> list[tuple[int, int]]:
+    """(choice, token) pairs in generation order: token t of every choice before token t + 1."""
+    longest = max(len(c.pieces) for c in choices)
+    return [
+        (i, t)
+        for t in range(longest)
+        for i, c in enumerate(choices)
+        if t < len(c.pieces) and (with_empty or c.pieces[t])
+    ]

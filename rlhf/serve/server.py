@@ -1,0 +1,139 @@
+"""`rlhf serve MODEL`: parse flags, load the model, run the app under uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import logging
+import os
+import socket
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+import uvicorn
+from fastapi import FastAPI
+
+from rlhf.models.loading import ModelNotFoundError
+from rlhf.serve.app import ServeLimits, build_app
+from rlhf.serve.engine import HFServeEngine
+
+log = logging.getLogger("rlhf.serve")
+
+# Longer than clients keep idle connections (httpx and so the openai client: 5 s). uvicorn's own
+# default is also 5 s, so a client could reuse a connection just as the server closed it: a
+# request lost with a connection reset under load.
+KEEP_ALIVE_S = 65
+
+_LIMIT_HELP = {
+    "max_request_bytes": "request bodies above this many bytes get 413",
+    "max_tokens_limit": "max_tokens above this gets 400; also chat's default max_tokens",
+    "max_batch_size": "rows (prompts x n) per generate call; a request with more rows gets 400",
+    "batch_wait_ms": "how long the oldest queued request waits for others to batch with",
+    "max_queue": "requests waiting for the engine; further requests get 429",
+    "queue_timeout_s": "a request still queued after this many seconds gets 503",
+}
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="rlhf serve",
+        description="Serve a model folder (a trainer's checkpoint is one) with OpenAI's API: "
+        "/v1/completions, /v1/chat/completions, /v1/models.",
+    )
+    parser.add_argument("model", help="a Hugging Face model folder, e.g. runs/x/grpo/final, or a hub id")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument(
+        "--api-key", default=os.environ.get("RLHF_API_KEY"),
+        help="require `Authorization: Bearer KEY` (default: $RLHF_API_KEY; none means no key)",
+    )
+    parser.add_argument("--served-model-name", help="the model id clients send (default: MODEL as given)")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
+    parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    parser.add_argument(
+        "--timeout-keep-alive", type=int, default=KEEP_ALIVE_S,
+        help=f"seconds an idle HTTP connection stays open (default {KEEP_ALIVE_S})",
+    )
+    for field in dataclasses.fields(ServeLimits):
+        parser.add_argument(
+            f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
+            help=f"{_LIMIT_HELP[field.name]} (default {field.default})",
+        )
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args([] if argv is None else argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    torch.set_num_threads(args.torch_threads)
+    if not _is_loopback(args.host) and not args.api_key:
+        log.warning("serving on %s without an API key: anyone who can reach it can use it", args.host)
+    limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)})
+    try:
+        engine = HFServeEngine.from_pretrained(args.model, dtype=args.dtype)
+    except (ModelNotFoundError, ValueError) as err:  # no such folder; a tokenizer without a chat template
+        raise SystemExit(f"error: {err}") from None
+    name = args.served_model_name or args.model
+    aliases = [args.model, str(Path(args.model).expanduser().resolve()), Path(args.model).name]
+    app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases)
+    log.info("serving %s as %r on http://%s:%d/v1", args.model, name, args.host, args.port)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
+        timeout_keep_alive=args.timeout_keep_alive,
+    )
+    return 0
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class BackgroundServer:
+    """Run an app with uvicorn in a daemon thread on a free loopback port (tests and benchmarks).
+
+    with BackgroundServer(app) as server:
+        OpenAI(base_url=server.url + "/v1", api_key="...")
+    """
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", log_level: str = "warning"):
+        self.app, self.host, self.log_level = app, host, log_level
+        self.port = 0
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def __enter__(self) -> BackgroundServer:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind((self.host, 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level=self.log_level, timeout_graceful_shutdown=10, timeout_keep_alive=KEEP_ALIVE_S
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(
+            target=self._server.run, kwargs={"sockets": [sock]}, name="rlhf-serve-uvicorn", daemon=True
+        )
+        self._thread.start()
+        deadline = time.monotonic() + 60
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("the server did not start (see its log above)")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=30)
