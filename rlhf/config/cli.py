@@ -48,7 +48,10 @@ def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
     from rich.table import Table
 
     table = Table(title="results")
-    metric_names = sorted({k for r in results.values() for k in r.get("metrics", {}) if k.startswith("val-core/")})
+    def headline(name: str) -> bool:  # mean@n and pass@k (k > 1); maj/best@n and pass@1 repeat them for greedy runs
+        return name.startswith("val-core/") and "/maj@" not in name and "/best@" not in name and not name.endswith("/pass@1")
+
+    metric_names = sorted({k for r in results.values() for k in r.get("metrics", {}) if headline(k)})
     table.add_column("stage")
     table.add_column("aim run")
     for name in metric_names:

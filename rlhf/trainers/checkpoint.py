@@ -27,11 +27,20 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointManager:
+    """One stage's checkpoint folder. The trainer that owns it calls `remove_partial` at start."""
+
     def __init__(self, root: Path, keep: int = 2):
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (checkpoints to keep), got {keep}")
         self.root = Path(root)
         self.keep = keep
+
+    def remove_partial(self) -> None:
+        """Delete temporary folders of writes that never finished (a kill or crash mid-save)."""
+        if self.root.exists():
+            for p in self.root.iterdir():
+                if p.name.startswith(".step_") and (".tmp-" in p.name or ".old-" in p.name):
+                    shutil.rmtree(p, ignore_errors=True)
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first."""

@@ -102,6 +102,7 @@ class RLTrainer:
     # ---------------------------------------------------------------- loop
     def run(self, ctx: StageContext) -> dict:
         checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
+        checkpoints.remove_partial()  # what a kill during a save left behind
         start = self.restore(checkpoints, ctx) if ctx.resume else 0
         ctx.record({"data": {"train": self.train_data.fingerprint}})
         needs = self.policy.requirements()[0]

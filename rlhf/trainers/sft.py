@@ -71,6 +71,7 @@ class SFTTrainer:
 
     def run(self, ctx: StageContext) -> dict:
         checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
+        checkpoints.remove_partial()  # what a kill during a save left behind
         start = self.restore(checkpoints) if ctx.resume else 0
         fingerprints = {"train": self.data.fingerprint}
         if self.val_data is not None:

@@ -44,3 +44,12 @@ def test_an_incomplete_folder_is_never_taken_for_a_checkpoint(tmp_path):
     assert m.latest() is None
     m.save(3, write_marker("x"), {})
     assert m.latest().name == "step_00000003" and (m.latest() / STATE_FILE).exists()
+
+
+def test_a_write_killed_midway_is_cleaned_up_on_the_next_start(tmp_path):
+    m = CheckpointManager(tmp_path)
+    m.save(1, write_marker("good"), {})
+    (tmp_path / ".step_00000002.tmp-abc123").mkdir()  # what SIGKILL during a save leaves
+    (tmp_path / ".step_00000002.tmp-abc123" / "weights.bin").write_text("partial")
+    CheckpointManager(tmp_path).remove_partial()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
