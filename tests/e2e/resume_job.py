@@ -1,8 +1,14 @@
-"""A small resumable RL job, run as a subprocess by test_resume.py (which may SIGKILL it).
+"""A small resumable RL job, run as a subprocess by test_resume.py.
 
 usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray]
+
+With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
+cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
+written; KILL_MODE=mid_step in step K+1, after the update but before it is logged or saved.
 """
 
+import os
+import signal
 import sys
 
 import fiddle as fdl
@@ -66,7 +72,27 @@ def graph(model: str, out: str, aim: str, ray: bool) -> fdl.Config[Experiment]:
     )
 
 
+def install_kill_switch(kill_at: int, mode: str) -> None:
+    save, step = RLTrainer.save, RLTrainer.step
+
+    def save_then_die(self, checkpoints, n, ctx):
+        path = save(self, checkpoints, n, ctx)
+        if mode == "after_checkpoint" and n == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return path
+
+    def step_then_die(self, prompts, needs, n):
+        out = step(self, prompts, needs, n)
+        if mode == "mid_step" and n == kill_at + 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return out
+
+    RLTrainer.save, RLTrainer.step = save_then_die, step_then_die
+
+
 if __name__ == "__main__":
     torch.set_num_threads(1)
+    if os.environ.get("KILL_AT"):
+        install_kill_switch(int(os.environ["KILL_AT"]), os.environ.get("KILL_MODE", "mid_step"))
     model, out, aim = sys.argv[1:4]
     run_experiment(graph(model, out, aim, ray="ray" in sys.argv[4:]))

@@ -5,7 +5,6 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -20,8 +19,10 @@ JOB = Path(__file__).with_name("resume_job.py")
 METRICS = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"]
 
 
-def job(out: Path, aim: Path, *extra: str) -> subprocess.Popen:
+def job(out: Path, aim: Path, *extra: str, kill: dict[str, str] | None = None) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("KILL_AT", None)
+    env.update(kill or {})
     return subprocess.Popen(
         [sys.executable, str(JOB), tiny_model_path(), str(out), str(aim), *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -42,19 +43,12 @@ def logged(aim: Path) -> dict[str, list]:
     return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
 
 
-def run_killed_then_resumed(tmp: Path, kill_at: int, *extra: str) -> None:
+def run_killed_then_resumed(tmp: Path, kill_at: int, mode: str) -> None:
     out, aim = tmp / "out", tmp / "aim"
-    proc = job(out, aim, *extra)
-    marker = out / "resume" / "job" / "rl" / "checkpoints" / f"step_{kill_at:08d}"
-    deadline = time.time() + 300
-    while not marker.exists():
-        assert proc.poll() is None, f"job ended before step {kill_at}: {proc.stderr.read()[-2000:]}"
-        assert time.time() < deadline, "job too slow"
-        time.sleep(0.05)
-    time.sleep(random.Random(kill_at).uniform(0.0, 0.4))  # somewhere inside the next step
-    os.killpg(proc.pid, signal.SIGKILL) if extra else proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    finish(job(out, aim, *extra))
+    killed = job(out, aim, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
+    killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL, f"the job was to be killed at step {kill_at}"
+    finish(job(out, aim))
 
 
 @pytest.fixture(scope="module")
@@ -65,11 +59,15 @@ def reference(tmp_path_factory):
     return ref
 
 
-# The job has 6 steps per epoch: 6 kills it right after the checkpoint at the epoch boundary.
+# The job has 6 steps per epoch: the second case dies right after the epoch-boundary checkpoint.
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_at", [random.Random().randint(1, 5), 6], ids=["random_step", "epoch_boundary"])
-def test_sigkill_and_resume_is_bit_identical(tmp_path, reference, kill_at):
-    run_killed_then_resumed(tmp_path / "killed", kill_at)
+@pytest.mark.parametrize(
+    "kill_at, mode",
+    [(random.Random().randint(1, 5), "mid_step"), (6, "after_checkpoint")],
+    ids=["random_step", "epoch_boundary"],
+)
+def test_sigkill_and_resume_is_bit_identical(tmp_path, reference, kill_at, mode):
+    run_killed_then_resumed(tmp_path / "killed", kill_at, mode)
 
     expected, resumed = weights(reference / "out"), weights(tmp_path / "killed" / "out")
     assert expected.keys() == resumed.keys()
