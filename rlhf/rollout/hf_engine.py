@@ -1,8 +1,12 @@
-"""Rollout with transformers' `generate`: the CPU default engine.
+"""Rollout with a Hugging Face model in the worker's process: the CPU default engine.
 
-Left-padded prompts, KV cache, `n` samples per prompt. Returns the engine's own log-probs of
-the sampled tokens (at the sampling temperature, before top-p/top-k truncation, as verl does)
-so trainers can measure and correct the rollout/trainer mismatch.
+Left-padded prompts, KV cache, `n` samples per prompt. By default it decodes with
+`rlhf.rollout.decode.sample`, which prefills each prompt once for its n samples and skips
+`generate`'s per-step machinery (same greedy outputs and sampling distribution as
+`generate`; several times faster for RL rollouts, see docs/performance.md);
+`use_generate=True` calls transformers' `generate` instead. Returns the engine's own
+log-probs of the sampled tokens (at the sampling temperature, before top-p/top-k
+truncation, as verl does) so trainers can measure and correct the rollout/trainer mismatch.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
+from rlhf.rollout.decode import sample
 from rlhf.rollout.sampling import SamplingParams, response_mask_from_eos
 
 
@@ -22,8 +27,14 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
 class HFEngine:
     """Generates with a (possibly shared) Hugging Face model; weights are the trainer's own."""
 
-    def __init__(self, model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase):
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        use_generate: bool = False,  # True: transformers' `generate` (slower; the reference the loop is tested against)
+    ):
         self.model = model
+        self.use_generate = use_generate
         self.tokenizer = tokenizer
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -39,28 +50,21 @@ class HFEngine:
         """Sample `sampling.n` responses for every prompt row; rows of one prompt stay adjacent."""
         batch = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-        config = GenerationConfig(
-            max_new_tokens=sampling.max_new_tokens,
-            do_sample=not sampling.greedy,
-            temperature=None if sampling.greedy else sampling.temperature,
-            top_p=None if sampling.greedy else sampling.top_p,
-            top_k=None if sampling.greedy else sampling.top_k,
-            eos_token_id=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            return_dict_in_generate=True,
-            output_logits=True,
-            use_cache=True,
-        )
         was_training = self.model.training
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+            if self.use_generate:
+                responses, rollout_log_probs = self._generate(input_ids, attention_mask, sampling)
+            else:
+                responses, rollout_log_probs = sample(
+                    self.model, prompts["input_ids"], prompts["attention_mask"], n=sampling.n,
+                    max_new_tokens=sampling.max_new_tokens, eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id, temperature=sampling.temperature, top_k=sampling.top_k,
+                    top_p=sampling.top_p, logprob_temperature=sampling.logit_temperature,
+                    min_new_tokens=sampling.min_new_tokens,
+                )
         finally:
             self.model.train(was_training)
-        prompt_len = input_ids.shape[1]
-        responses = out.sequences[:, prompt_len:]
-        logits = torch.stack(out.logits, dim=1).float() / sampling.logit_temperature  # (B,R,V)
-        rollout_log_probs = torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)
         response_mask = response_mask_from_eos(responses, self.eos_token_ids)
         responses = responses.masked_fill(response_mask == 0, self.pad_token_id)
         full_mask = torch.cat([attention_mask, response_mask], dim=1)
@@ -73,3 +77,25 @@ class HFEngine:
         batch["position_ids"] = position_ids_from_mask(full_mask)
         batch.meta["temperature"] = sampling.logit_temperature
         return batch
+
+    def _generate(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(responses, log-probs) from transformers' `generate` on the already repeated prompts."""
+        config = GenerationConfig(
+            max_new_tokens=sampling.max_new_tokens,
+            min_new_tokens=sampling.min_new_tokens or None,
+            do_sample=not sampling.greedy,
+            temperature=None if sampling.greedy else sampling.temperature,
+            top_p=None if sampling.greedy else sampling.top_p,
+            top_k=None if sampling.greedy else sampling.top_k,
+            eos_token_id=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            return_dict_in_generate=True,
+            output_logits=True,
+            use_cache=True,
+        )
+        out = self.model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config)
+        responses = out.sequences[:, input_ids.shape[1]:]
+        logits = torch.stack(out.logits, dim=1).float() / sampling.logit_temperature  # (B,R,V)
+        return responses, torch.log_softmax(logits, dim=-1).gather(-1, responses.unsqueeze(-1)).squeeze(-1)

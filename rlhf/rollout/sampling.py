@@ -16,6 +16,7 @@ class SamplingParams:
     top_p: float = 1.0  # nucleus sampling; 1.0 keeps the whole distribution
     top_k: int = 0  # keep the k most likely tokens; 0 disables
     max_new_tokens: int = 32  # responses are cut here (counted in response_length/clip_ratio)
+    min_new_tokens: int = 0  # EOS cannot be sampled before this many tokens (vLLM's min_tokens; benchmarks)
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -26,6 +27,11 @@ class SamplingParams:
             raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
         if self.max_new_tokens < 1:
             raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+            raise ValueError(
+                f"SamplingParams.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
+                f"got {self.min_new_tokens}"
+            )
 
     @property
     def greedy(self) -> bool:

@@ -1,0 +1,332 @@
+"""GRPO step time, throughput and memory: rlhf (Ray and LocalRuntime) against TRL's GRPOTrainer.
+
+    python benchmarks/grpo_vs_trl.py             # full: 20 steps, 3 repetitions, every workload
+    python benchmarks/grpo_vs_trl.py --quick     # 6 steps, 1 repetition (harness development)
+    python benchmarks/grpo_vs_trl.py --workloads tiny/8tok/beta0 --reps 5
+
+Identical work on both sides: the same tiny Qwen2 model (byte-level tokenizer, float32)
+warm-started once by our SFT stage (cached under outputs/bench_grpo_vs_trl/), two-digit
+addition prompts, exact-match reward, 16 prompts x 8 samples per step, temperature 1.0,
+AdamW lr 1e-4 (weight decay 0.01), gradient clipping 1.0, one optimizer step per RL step,
+clip epsilon 0.2 both sides, token-mean loss (TRL "dapo"), group-std-scaled advantages
+(TRL scale_rewards="group", our GRPO(norm_by_std=True) with TRL's eps 1e-4), k3 KL to the
+reference when beta > 0, one torch thread per process. Remaining differences: TRL's group
+std is the same Bessel std; TRL computes the loss over prompt+completion logits with its
+fused LM head, we over response positions only; prompts are drawn in a different order
+(same distribution).
+
+Every run is a fresh process (start-up and memory measured cleanly), runs alternate
+between frameworks (TRL, Ray, Local rotated each repetition), the first `--discard` steps
+of each run are dropped, and the table gives medians over repetitions of each run's
+median. Peak memory is the summed RSS of the run's process tree (Ray: driver, GCS, raylet,
+daemons and the worker actor). Results go to benchmarks/results/ with the machine
+description and the load average before and after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_procs import load_average, machine_info, run_child  # noqa: E402
+from bench_workloads import SIZES, Workload  # noqa: E402
+
+FRAMEWORKS = ("trl", "ray", "local", "ray+sp", "local+sp")
+"""ray/local: rlhf as it is; +sp: with the shared-prefix log-probs proposed for rlhf/workers/policy.py."""
+DEFAULT_WORKLOADS = (
+    Workload("tiny", 8, 0.0),
+    Workload("tiny", 8, 0.04),
+    Workload("tiny", 64, 0.04, full_length=True),
+    Workload("5m", 8, 0.04),
+)
+ROWS = PROMPTS = 16 * 8
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="6 steps, 1 repetition, discard 1 (harness development)")
+    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps-5m", type=int, default=12, help="steps of the 5m-model runs (each step takes seconds)")
+    p.add_argument("--discard", type=int, default=2, help="first steps of each run left out of the figures")
+    p.add_argument("--reps", type=int, default=3, help="fresh-process runs per framework and workload")
+    p.add_argument("--workloads", nargs="*", default=None,
+                   help="names like tiny/8tok/beta0.04 (default: " + ", ".join(w.name for w in DEFAULT_WORKLOADS) + ")")
+    p.add_argument("--frameworks", nargs="*", default=["trl", "ray", "local", "ray+sp"], choices=FRAMEWORKS)
+    p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
+    p.add_argument("--out", default=None, help="results JSON (default: benchmarks/results/grpo_vs_trl-<time>.json)")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--generation", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--no-generation", action="store_true", help="skip the generation-only comparison")
+    p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.steps, args.steps_5m, args.reps, args.discard = 6, 4, 1, 1
+    return args
+
+
+def parse_workload(name: str) -> Workload:
+    size, tokens, beta = name.split("/")
+    tokens, _, full = tokens.partition("-")
+    return Workload(size, int(tokens.removesuffix("tok")), float(beta.removeprefix("beta")), full_length=full == "full")
+
+
+# ------------------------------------------------------------------------- children
+def child(spec_json: str, result_file: str, t0: float) -> None:
+    from bench_workloads import child_main, write_json
+
+    write_json(result_file, child_main(json.loads(spec_json), t0))
+
+
+def prepare(size: str, result_file: str) -> None:
+    from bench_workloads import sft_checkpoint, write_json
+
+    write_json(result_file, sft_checkpoint(SIZES[size]))
+
+
+def generation(spec_json: str, result_file: str) -> None:
+    from bench_generation import measure
+    from bench_workloads import write_json
+
+    spec = json.loads(spec_json)
+    write_json(result_file, measure(spec["checkpoint"], spec["max_new_tokens"], spec["full_length"]))
+
+
+def generation_comparison(workloads: list[Workload], checkpoints: dict) -> dict:
+    out = {}
+    for size, tokens, full in sorted({(w.size, w.max_new_tokens, w.full_length) for w in workloads}):
+        spec = {"checkpoint": checkpoints[size]["checkpoint"], "max_new_tokens": tokens, "full_length": full}
+        code, tail, _, result = _python_child(["--generation", json.dumps(spec)], timeout=600)
+        if result is None:
+            print(f"generation comparison {size}/{tokens}tok failed (exit {code}):\n{tail}", flush=True)
+            continue
+        name = f"{size}/{tokens}tok{'-full' if full else ''}"
+        out[name] = result
+        print(f"generation {name}: engine {result['engine']['median_s']:.3f} s, engine_generate "
+              f"{result['engine_generate']['median_s']:.3f} s, generate {result['generate']['median_s']:.3f} s "
+              f"({result['speedup_vs_generate']:.2f}x), load {load_average()[0]}", flush=True)
+    return out
+
+
+def _python_child(args: list[str], timeout: float) -> tuple[int, str, dict, dict | None]:
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        result_file = str(Path(tmp) / "result.json")
+        code, tail, memory = run_child(
+            [sys.executable, str(HERE / "grpo_vs_trl.py"), *args, "--result-file", result_file], cwd=ROOT,
+            timeout=timeout,
+        )
+        result = json.loads(Path(result_file).read_text()) if code == 0 and Path(result_file).exists() else None
+    return code, tail, memory, result
+
+
+def prepare_checkpoints(sizes: set[str]) -> dict[str, dict]:
+    out = {}
+    for size in sorted(sizes):
+        start = time.perf_counter()
+        code, tail, _, result = _python_child(["--prepare", size], timeout=1800)
+        if result is None:
+            sys.exit(f"SFT warm start of {size!r} failed (exit {code}):\n{tail}")
+        out[size] = result
+        print(f"SFT checkpoint {size}: {result['params'] / 1e6:.2f}M params, {result['sft_metrics']}, "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+    return out
+
+
+def run_one(framework: str, w: Workload, checkpoint: str, steps: int, timeout: float) -> dict:
+    spec = {"framework": framework, "workload": dataclasses.asdict(w),
+            "checkpoint": checkpoint, "steps": steps}
+    load_before = load_average()
+    code, tail, memory, result = _python_child(["--child", json.dumps(spec)], timeout)
+    if result is None:
+        print(f"  {framework} {w.name} FAILED (exit {code}):\n{tail}", flush=True)
+        return {"framework": framework, "workload": w.name, "ok": False, "exit": code, "tail": tail, **memory}
+    return {"framework": framework, "workload": w.name, "ok": True, "load_before": load_before, **memory, **result}
+
+
+# -------------------------------------------------------------------------- figures
+def _median(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def run_figures(run: dict, discard: int) -> dict:
+    """One run's medians over its kept steps."""
+    steps = run["per_step"][discard:]
+    step_s = _median([s["step_s"] for s in steps])
+    fig = {
+        "step_s": step_s,
+        "gen_tokens_per_s": _median([s["gen_tokens"] / s["step_s"] for s in steps]),
+        "completions_per_s": ROWS / step_s,
+        "mean_gen_tokens_per_step": statistics.mean(s["gen_tokens"] for s in steps),
+        "reward": statistics.mean(s["reward"] for s in steps),
+        "peak_rss_mib": run["peak_rss_mib"],
+        "peak_pss_mib": run["peak_pss_mib"],
+        "setup_s": run["setup_s"],
+    }
+    if run["framework"] != "trl":
+        fig["phases"] = phase_split(steps)
+    return fig
+
+
+def phase_split(steps: list[dict]) -> dict:
+    """Median seconds of each part of our step (worker-side where the work is remote)."""
+
+    def med(key: str) -> float:
+        return _median([s.get(key, 0.0) for s in steps]) or 0.0
+
+    parts = {
+        "generate": med("timing_s/gen_worker"),
+        "reward": med("timing_s/reward"),
+        "log_probs_old": med("timing_s/old_log_prob_worker"),
+        "log_probs_ref": med("timing_s/ref_worker"),
+        "advantage": med("timing_s/adv"),
+        "update": med("timing_s/update_worker"),
+        "weight_sync": 0.0,  # hybrid engine: the HF engine generates with the actor's own module
+    }
+    overhead = [
+        s["step_s"] - sum(s.get(k, 0.0) for k in ("timing_s/gen_worker", "timing_s/reward", "timing_s/old_log_prob_worker",
+                                                  "timing_s/ref_worker", "timing_s/adv", "timing_s/update_worker"))
+        for s in steps
+    ]
+    dispatch = [
+        sum(s.get(f"timing_s/{p}", 0.0) - s.get(f"timing_s/{w}", 0.0)
+            for p, w in (("gen", "gen_worker"), ("old_log_prob", "old_log_prob_worker"), ("ref", "ref_worker"),
+                         ("update_actor", "update_worker")))
+        for s in steps
+    ]
+    parts["runtime_overhead"] = _median(overhead)
+    parts["of_which_dispatch"] = _median(dispatch)
+    parts["overhead_share"] = _median([o / s["step_s"] for o, s in zip(overhead, steps)])
+    return parts
+
+
+def summarise(runs: list[dict], workloads: list[Workload], frameworks: list[str], discard: int) -> dict:
+    summary: dict[str, dict] = {}
+    for w in workloads:
+        row: dict[str, dict] = {}
+        for fw in frameworks:
+            figs = [run_figures(r, discard) for r in runs if r["ok"] and r["workload"] == w.name and r["framework"] == fw]
+            if not figs:
+                continue
+            agg = {k: _median([f[k] for f in figs]) for k in figs[0] if k != "phases"}
+            agg["step_s_runs"] = [round(f["step_s"], 4) for f in figs]
+            if "phases" in figs[0]:
+                agg["phases"] = {k: _median([f["phases"][k] for f in figs]) for k in figs[0]["phases"]}
+            row[fw] = agg
+        if "trl" in row:
+            for fw in FRAMEWORKS[1:]:
+                if fw in row:
+                    row[fw]["speedup_vs_trl"] = row["trl"]["step_s"] / row[fw]["step_s"]
+        summary[w.name] = row
+    return summary
+
+
+def table(summary: dict) -> str:
+    lines = [
+        "| workload | framework | s/step (median) | runs | gen tok/s | completions/s | peak RSS MiB (PSS) | "
+        "speed-up vs TRL | reward |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, row in summary.items():
+        for fw, f in row.items():
+            runs = ", ".join(f"{x:.3f}" for x in f["step_s_runs"])
+            speed = f"{f['speedup_vs_trl']:.2f}x" if "speedup_vs_trl" in f else ""
+            lines.append(
+                f"| {name} | {fw} | {f['step_s']:.3f} | {runs} | {f['gen_tokens_per_s']:.0f} | "
+                f"{f['completions_per_s']:.0f} | {f['peak_rss_mib']:.0f} ({f['peak_pss_mib']:.0f}) | {speed} | "
+                f"{f['reward']:.2f} |"
+            )
+    lines += ["", "Our step, split (median seconds; worker-side times for remote work):", "",
+              "| workload | runtime | generate | reward | log-probs ref | update | adv | weight sync | "
+              "overhead (of which dispatch) | overhead share |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, row in summary.items():
+        for fw, f in row.items():
+            if "phases" not in f:
+                continue
+            p = f["phases"]
+            lines.append(
+                f"| {name} | {fw} | {p['generate']:.4f} | {p['reward']:.4f} | {p['log_probs_ref']:.4f} | "
+                f"{p['update']:.4f} | {p['advantage']:.4f} | {p['weight_sync']:.1f} | "
+                f"{p['runtime_overhead']:.4f} ({p['of_which_dispatch']:.4f}) | {100 * p['overhead_share']:.1f}% |"
+            )
+    return "\n".join(lines)
+
+
+def generation_table(gen: dict) -> str:
+    if not gen:
+        return ""
+    lines = ["", "", "Generation alone, same batch (16 prompts x 8 samples; median s, tokens/s):", "",
+             "| model/tokens | our engine | engine on `generate` | plain `generate` | vs `generate` |",
+             "|---|---|---|---|---|"]
+    for name, g in gen.items():
+        cells = [f"{g[k]['median_s']:.3f} s ({g[k]['median_tokens_per_s']:.0f} tok/s)"
+                 for k in ("engine", "engine_generate", "generate")]
+        lines.append(f"| {name} | {' | '.join(cells)} | {g['speedup_vs_generate']:.2f}x |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> None:
+    t0 = time.perf_counter()
+    args = parse_args(argv)
+    if args.child:
+        return child(args.child, args.result_file, t0)
+    if args.prepare:
+        return prepare(args.prepare, args.result_file)
+    if args.generation:
+        return generation(args.generation, args.result_file)
+    os.chdir(ROOT)
+    workloads = [parse_workload(n) for n in args.workloads] if args.workloads else list(DEFAULT_WORKLOADS)
+    machine = machine_info(ROOT)
+    print(f"machine: {machine['cpu_model']}, {machine['logical_cpus']} CPUs, {machine['ram_gib']} GiB, "
+          f"load {machine['load_average_at_start']}", flush=True)
+    checkpoints = prepare_checkpoints({w.size for w in workloads})
+    gen = {} if args.no_generation else generation_comparison(workloads, checkpoints)
+    runs = []
+    started = datetime.datetime.now()
+    for rep in range(args.reps):
+        order = args.frameworks[rep % len(args.frameworks):] + args.frameworks[: rep % len(args.frameworks)]
+        for w in workloads:
+            for fw in order:
+                steps = args.steps_5m if w.size == "5m" else args.steps
+                run = run_one(fw, w, checkpoints[w.size]["checkpoint"], steps, args.timeout)
+                run["rep"] = rep
+                runs.append(run)
+                if run["ok"]:
+                    kept = [s["step_s"] for s in run["per_step"][args.discard:]]
+                    print(f"rep {rep} {w.name:22s} {fw:5s} median {statistics.median(kept):.3f} s/step, "
+                          f"peak RSS {run['peak_rss_mib']:.0f} MiB, setup {run['setup_s']:.1f} s, "
+                          f"load {load_average()[0]}", flush=True)
+    summary = summarise(runs, workloads, args.frameworks, args.discard)
+    machine["load_average_at_end"] = load_average()
+    text = table(summary) + generation_table(gen)
+    print("\n" + text)
+    out = Path(args.out) if args.out else HERE / "results" / f"grpo_vs_trl-{started:%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "started": started.isoformat(timespec="seconds"),
+        "args": {k: v for k, v in vars(args).items() if k not in ("child", "prepare")},
+        "machine": machine,
+        "models": checkpoints,
+        "summary": summary,
+        "generation": gen,
+        "table_markdown": text,
+        "runs": runs,
+    }, indent=1, default=str))
+    print(f"\nresults: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
+
+
+if __name__ == "__main__":
+    main()
