@@ -58,6 +58,11 @@ def group_plan(num_workers):
     objective = fdl.Config(
         PolicyObjective, policy_loss=fdl.Config(PPOClipLoss), kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.1)
     )
+    # SGD: the update is lr * gradient, so comparing parameters compares gradients. (Adam's first
+    # step is ~lr * sign(g): float noise flips near-zero gradients and hides what is compared.)
     return compile_graph(
-        policy_group(num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3)
+        policy_group(
+            num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3,
+            optimizer=fdl.Partial(torch.optim.SGD, lr=0.1),
+        )
     )
