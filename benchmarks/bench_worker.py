@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 
-import torch
 from typing import Any
 
 from rlhf.workers.dispatch import shard, shard_exact
@@ -46,31 +45,3 @@ class TimedPolicyWorker(PolicyWorker):
         out.update(self._seconds)
         self._seconds = {}
         return out
-
-
-def shared_prefix_response_log_probs(model, batch, temperature: float, entropy: str = "none"):
-    """`rlhf.workers.policy.response_log_probs` with each distinct prompt encoded once
-    (rlhf.models.shared_prefix): the change proposed for policy.py, measured here."""
-    from rlhf.algos import entropy_from_logits, log_probs_from_logits
-    from rlhf.models.shared_prefix import response_logits
-
-    responses = batch["responses"]
-    logits = response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                             responses.shape[1]).float() / temperature
-    log_probs = log_probs_from_logits(logits, responses)
-    if entropy == "grad":
-        return log_probs, entropy_from_logits(logits)
-    if entropy == "metric":
-        with torch.no_grad():
-            return log_probs, entropy_from_logits(logits.detach())
-    return log_probs, None
-
-
-class SharedPrefixPolicyWorker(TimedPolicyWorker):
-    """TimedPolicyWorker with the proposed policy.py change patched in (this process only)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        import rlhf.workers.policy as policy
-
-        policy.response_log_probs = shared_prefix_response_log_probs
-        super().__init__(*args, **kwargs)

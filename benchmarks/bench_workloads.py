@@ -157,7 +157,7 @@ class StepRecorder:
         return False
 
 
-def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: str, shared_prefix: bool = False):
+def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: str, shared_prefix: bool = True):
     import fiddle as fdl
     import torch
 
@@ -175,7 +175,7 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
     from rlhf.trainers.rl import RLTrainer
     from rlhf.workers.objectives import PolicyObjective
 
-    from bench_worker import SharedPrefixPolicyWorker, TimedPolicyWorker
+    from bench_worker import TimedPolicyWorker
 
     tokenizer = fdl.Config(load_tokenizer, checkpoint)
     objective = fdl.Config(
@@ -184,8 +184,9 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
         kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=w.beta) if w.beta else None,
     )
     worker = fdl.Config(
-        SharedPrefixPolicyWorker if shared_prefix else TimedPolicyWorker,
+        TimedPolicyWorker,
         model_path=checkpoint,
+        shared_prefix=shared_prefix,
         ref_model_path=checkpoint if w.beta else None,
         objective=objective,
         optimizer=fdl.Partial(torch.optim.AdamW, lr=LR, weight_decay=ADAM_WEIGHT_DECAY),
@@ -219,14 +220,14 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
 
 
 def run_ours(w: Workload, checkpoint: str, framework: str, steps: int, t0: float) -> dict:
-    """framework: "ray" / "local" (as committed), "ray+sp" / "local+sp" (with the proposed shared-prefix log-probs)."""
+    """framework: "ray" / "local" (as committed), "ray+full" / "local+full" (shared_prefix=False)."""
     _threads()
     from rlhf.runtime.experiment import run_experiment
 
     out_dir = tempfile.mkdtemp(prefix="bench-ours-")
     try:
         runtime, _, variant = framework.partition("+")
-        graph = our_graph(w, checkpoint, runtime, steps, out_dir, shared_prefix=variant == "sp")
+        graph = our_graph(w, checkpoint, runtime, steps, out_dir, shared_prefix=variant != "full")
         start = time.perf_counter()
         run_experiment(graph)
         end = time.perf_counter()

@@ -43,8 +43,8 @@ sys.path.insert(0, str(HERE))
 from bench_procs import load_average, machine_info, run_child  # noqa: E402
 from bench_workloads import SIZES, Workload  # noqa: E402
 
-FRAMEWORKS = ("trl", "ray", "local", "ray+sp", "local+sp")
-"""ray/local: rlhf as it is; +sp: with the shared-prefix log-probs proposed for rlhf/workers/policy.py."""
+FRAMEWORKS = ("trl", "ray", "local", "ray+full", "local+full")
+"""ray/local: rlhf as it is; +full: with shared_prefix=False (every row's prompt encoded again, as before that change)."""
 DEFAULT_WORKLOADS = (
     Workload("tiny", 8, 0.0),
     Workload("tiny", 8, 0.04),
@@ -58,12 +58,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="6 steps, 1 repetition, discard 1 (harness development)")
     p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--steps-5m", type=int, default=12, help="steps of the 5m-model runs (each step takes seconds)")
+    p.add_argument("--steps-5m", type=int, default=10, help="steps of the 5m-model runs (each step takes seconds)")
     p.add_argument("--discard", type=int, default=2, help="first steps of each run left out of the figures")
     p.add_argument("--reps", type=int, default=3, help="fresh-process runs per framework and workload")
     p.add_argument("--workloads", nargs="*", default=None,
                    help="names like tiny/8tok/beta0.04 (default: " + ", ".join(w.name for w in DEFAULT_WORKLOADS) + ")")
-    p.add_argument("--frameworks", nargs="*", default=["trl", "ray", "local", "ray+sp"], choices=FRAMEWORKS)
+    p.add_argument("--frameworks", nargs="*", default=["trl", "ray", "local"], choices=FRAMEWORKS)
     p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
     p.add_argument("--out", default=None, help="results JSON (default: benchmarks/results/grpo_vs_trl-<time>.json)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -132,15 +132,23 @@ def _python_child(args: list[str], timeout: float) -> tuple[int, str, dict, dict
 
 
 def prepare_checkpoints(sizes: set[str]) -> dict[str, dict]:
+    """The SFT checkpoint of each model size: trained once (minutes), then read from its record."""
+    from bench_workloads import OUT_ROOT
+
     out = {}
     for size in sorted(sizes):
-        start = time.perf_counter()
-        code, tail, _, result = _python_child(["--prepare", size], timeout=1800)
-        if result is None:
-            sys.exit(f"SFT warm start of {size!r} failed (exit {code}):\n{tail}")
-        out[size] = result
-        print(f"SFT checkpoint {size}: {result['params'] / 1e6:.2f}M params, {result['sft_metrics']}, "
-              f"{time.perf_counter() - start:.0f} s", flush=True)
+        record = ROOT / OUT_ROOT / f"sft-{size}-{SIZES[size].sft_steps}steps.json"
+        if record.exists() and (ROOT / json.loads(record.read_text())["checkpoint"]).exists():
+            out[size] = json.loads(record.read_text())
+        else:
+            start = time.perf_counter()
+            code, tail, _, result = _python_child(["--prepare", size], timeout=3600)
+            if result is None:
+                sys.exit(f"SFT warm start of {size!r} failed (exit {code}):\n{tail}")
+            record.write_text(json.dumps(result, indent=1))
+            out[size] = result
+            print(f"SFT warm start {size}: {time.perf_counter() - start:.0f} s", flush=True)
+        print(f"SFT checkpoint {size}: {out[size]['params'] / 1e6:.2f}M params, {out[size]['sft_metrics']}", flush=True)
     return out
 
 
@@ -296,6 +304,22 @@ def main(argv=None) -> None:
     gen = {} if args.no_generation else generation_comparison(workloads, checkpoints)
     runs = []
     started = datetime.datetime.now()
+    out = Path(args.out) if args.out else HERE / "results" / f"grpo_vs_trl-{started:%Y%m%d-%H%M%S}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(summary=None, text=None):  # after every run, so an interrupted run keeps what it measured
+        out.write_text(json.dumps({
+            "started": started.isoformat(timespec="seconds"),
+            "complete": summary is not None,
+            "args": {k: v for k, v in vars(args).items() if k not in ("child", "prepare", "generation", "result_file")},
+            "machine": machine,
+            "models": checkpoints,
+            "summary": summary,
+            "generation": gen,
+            "table_markdown": text,
+            "runs": runs,
+        }, indent=1, default=str))
+
     for rep in range(args.reps):
         order = args.frameworks[rep % len(args.frameworks):] + args.frameworks[: rep % len(args.frameworks)]
         for w in workloads:
@@ -304,6 +328,7 @@ def main(argv=None) -> None:
                 run = run_one(fw, w, checkpoints[w.size]["checkpoint"], steps, args.timeout)
                 run["rep"] = rep
                 runs.append(run)
+                save()
                 if run["ok"]:
                     kept = [s["step_s"] for s in run["per_step"][args.discard:]]
                     print(f"rep {rep} {w.name:22s} {fw:5s} median {statistics.median(kept):.3f} s/step, "
@@ -313,18 +338,7 @@ def main(argv=None) -> None:
     machine["load_average_at_end"] = load_average()
     text = table(summary) + generation_table(gen)
     print("\n" + text)
-    out = Path(args.out) if args.out else HERE / "results" / f"grpo_vs_trl-{started:%Y%m%d-%H%M%S}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({
-        "started": started.isoformat(timespec="seconds"),
-        "args": {k: v for k, v in vars(args).items() if k not in ("child", "prepare")},
-        "machine": machine,
-        "models": checkpoints,
-        "summary": summary,
-        "generation": gen,
-        "table_markdown": text,
-        "runs": runs,
-    }, indent=1, default=str))
+    save(summary, text)
     print(f"\nresults: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
 
 

@@ -1,5 +1,7 @@
 """Batch: the row algebra every component relies on."""
 
+import pickle
+
 import numpy as np
 import pytest
 import torch
@@ -78,3 +80,27 @@ def test_split_sizes():
 def test_non_tensor_columns_are_object_arrays():
     b = Batch.from_rows([{"a": {"k": 1}, "b": "s"}, {"a": {"k": 2}, "b": "t"}])
     assert isinstance(b["a"], np.ndarray) and b["a"][1] == {"k": 2}
+
+
+@pytest.mark.parametrize("protocol", [2, pickle.HIGHEST_PROTOCOL])
+def test_pickle_round_trip_keeps_values_dtypes_and_owns_memory(protocol):
+    """Batches cross process boundaries as pickles (numpy buffers, see Batch.__reduce__)."""
+    b = Batch(
+        {
+            "f": torch.randn(4, 3),
+            "bf16": torch.randn(4, 2).to(torch.bfloat16),
+            "strided": torch.arange(8).view(4, 2)[:, 1],
+            "mask": torch.tensor([True, False, True, True]),
+            "grad": torch.randn(4, requires_grad=True),
+        },
+        {"uid": ["a", "b", "c", "d"], "gt": [1, None, {"x": 2}, "4"]},
+        {"temperature": 0.7},
+    )
+    c = pickle.loads(pickle.dumps(b, protocol=protocol))
+    assert c.keys() == b.keys() and c.meta == b.meta
+    for k, v in b.tensors.items():
+        assert c[k].dtype == v.dtype and torch.equal(c[k], v.detach()), k
+    assert list(c["gt"]) == list(b["gt"])
+    c["f"][0, 0] = 123.0
+    assert b["f"][0, 0] != 123.0
+    assert not c["grad"].requires_grad

@@ -43,7 +43,7 @@ def response_logits(
                     logits_to_keep=r + 1, use_cache=False)
         return out.logits[:, :-1, :]
     first = _first_rows(inverse, unique.shape[0])  # a row of each distinct prompt
-    cache = DynamicCache(config=getattr(model, "config", None))
+    cache = DynamicCache(config=getattr(prefix_model or model, "config", None))
     prefix = (prefix_model or model)(
         input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p], position_ids=position_ids[first, :p],
         past_key_values=cache, use_cache=True, logits_to_keep=1,

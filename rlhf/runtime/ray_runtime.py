@@ -93,8 +93,10 @@ class RayRuntime:
         address: str | None = None,  # None: start a local cluster; "auto": join a running one
         num_cpus: int | None = None,  # CPUs of a local cluster; None: enough for the plan
         num_gpus: int | None = None,
+        inline_bytes: int = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
     ):
         self.address = address
+        self.inline_bytes = inline_bytes
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
         self._pgs: list[Any] = []
@@ -108,6 +110,13 @@ class RayRuntime:
         if self.address is None:
             kwargs["num_cpus"] = self.num_cpus or max(os.cpu_count() or 1, int(needed + 0.999))
             kwargs["num_gpus"] = self.num_gpus
+            # Ray's default (100 KB) sends a GRPO batch through the shared-memory object store,
+            # which costs ~8 ms per call on a small machine against ~2 ms inline
+            # (benchmarks/ray_dispatch.py). Only a cluster started here can be configured.
+            kwargs["_system_config"] = {
+                "max_direct_call_object_size": self.inline_bytes,
+                "task_rpc_inlined_bytes_limit": max(self.inline_bytes * 4, 10 * 2**20),
+            }
         pythonpath = os.pathsep.join([os.getcwd(), *[p for p in sys.path if p]])
         kwargs["runtime_env"] = {
             "env_vars": {"PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}

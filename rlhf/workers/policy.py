@@ -16,31 +16,44 @@ import torch
 from rlhf.algos import entropy_from_logits, log_probs_from_logits
 from rlhf.batch import Batch
 from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlhf.models.shared_prefix import response_logits
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.accelerator import Strategy
+from rlhf.workers.accelerator import Strategy, resolve_strategy
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
 
 
 def response_log_probs(
-    model: torch.nn.Module, batch: Batch, temperature: float, entropy: str = "none"
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    entropy: str = "none",
+    shared_prefix: bool = False,
+    prefix_model: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None.
 
     Logits are computed only for response positions (`logits_to_keep`). entropy: "grad"
     keeps it in the autograd graph (an entropy bonus), "metric" computes it detached from
-    the same logits, "none" skips it.
+    the same logits, "none" skips it. `shared_prefix`: encode each distinct prompt once for
+    all its rows (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper
+    when the n samples of a group share a long prompt); `prefix_model` is the unwrapped
+    module under DDP.
     """
     responses = batch["responses"]
-    out = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        logits_to_keep=responses.shape[1] + 1,
-        use_cache=False,
-    )
-    logits = out.logits[:, :-1, :].float() / temperature
+    if shared_prefix:
+        logits = response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                                 responses.shape[1], prefix_model=prefix_model)
+    else:
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            logits_to_keep=responses.shape[1] + 1,
+            use_cache=False,
+        ).logits[:, :-1, :]
+    logits = logits.float() / temperature
     log_probs = log_probs_from_logits(logits, responses)
     if entropy == "grad":
         return log_probs, entropy_from_logits(logits)
@@ -69,6 +82,7 @@ class PolicyWorker:
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
         grad_clip: float | None = 1.0,  # max global gradient norm; None: no clipping
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(r=8): train only an adapter
+        shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
         seed: int = 0,
     ):
         if getattr(objective, "needs_ref", False) and ref_model_path is None:
@@ -98,6 +112,9 @@ class PolicyWorker:
             self.ref_model = load_causal_lm(ref_model_path, dtype).to(self.trainer.device).eval()
             self.ref_model.requires_grad_(False)
         self.engine = engine(self.trainer.unwrapped(), self.tokenizer)
+        # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet.
+        fsdp = resolve_strategy(strategy, torch.cuda.is_available()) == "fsdp"
+        self.shared_prefix = (not fsdp) if shared_prefix is None else shared_prefix
 
     @staticmethod
     def preflight(arguments: dict) -> None:
@@ -117,7 +134,8 @@ class PolicyWorker:
     def _log_probs_batched(self, model: torch.nn.Module, batch: Batch, key: str) -> Batch:
         batch = batch.to(self.trainer.device)
         temperature = batch.meta.get("temperature", 1.0)
-        parts = [response_log_probs(model, mb, temperature)[0] for mb in batch.split(self.trainer.micro_batch_size)]
+        parts = [response_log_probs(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
+                 for mb in batch.split(self.trainer.micro_batch_size)]
         return Batch({key: torch.cat(parts).cpu()})
 
     @shard
@@ -145,9 +163,11 @@ class PolicyWorker:
         start = time.perf_counter()
         temperature = batch.meta.get("temperature", 1.0)
         mode = "grad" if getattr(self.objective, "needs_entropy_grad", False) else "metric"
+        unwrapped = self.trainer.unwrapped()
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
-            log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, mode)
+            log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, mode,
+                                                    shared_prefix=self.shared_prefix, prefix_model=unwrapped)
             loss, metrics = self.objective(log_probs, entropy, micro, num_tokens=num_tokens, num_seqs=num_seqs)
             mask = micro["response_mask"]
             metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))

@@ -58,3 +58,20 @@ def test_sft_update_lowers_the_loss_and_save_round_trips(tmp_path):
         assert torch.equal(v, mine[k]), k
     tok = load_tokenizer(out)
     assert tok.decode(tok("What is 1+2?")["input_ids"]) == "What is 1+2?"
+
+
+def test_shared_prefix_log_probs_and_update_equal_full_forwards():
+    """The shared-prompt forward (the default) changes cost, not results: same log-probs, same step."""
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731  (Adam's first step amplifies rounding)
+    shared, full = grpo_worker(shared_prefix=True, optimizer=sgd), grpo_worker(shared_prefix=False, optimizer=sgd)
+    assert grpo_worker().shared_prefix is True  # the default on CPU
+    batch = scored_rollout(full, prompts=3, n=4)  # 4 rows share each prompt; micro-batches of 4 cut groups unevenly
+    for method, key in [("compute_log_probs", "old_log_probs"), ("compute_ref_log_probs", "ref_log_probs")]:
+        a, b = getattr(shared, method)(batch)[key], getattr(full, method)(batch)[key]
+        assert torch.allclose(a, b, atol=1e-5), method
+    ma, mb = shared.update(batch), full.update(batch)
+    for name in ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/entropy"]:
+        assert ma[name] == pytest.approx(mb[name], rel=1e-4, abs=1e-6), name
+    pa, pb = shared.parameters_digest(), full.parameters_digest()
+    for k in pa:
+        assert torch.allclose(pa[k], pb[k], atol=1e-6), k
