@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from rlhf.rollout.lean_decoder import LeanDecoder, supports
+
 
 def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
     """Logits (B,V) -> sampling scores (B,V): /temperature, top-k, top-p (transformers' warpers, same order).
@@ -68,6 +70,7 @@ def sample(
     top_p: float = 1.0,
     logprob_temperature: float = 1.0,  # the temperature the returned log-probs are computed at
     min_new_tokens: int = 0,  # EOS is masked out of the first min_new_tokens steps (transformers' min_new_tokens)
+    lean: bool = True,  # decoding steps through rlhf.rollout.lean_decoder where the model supports it
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(responses (U*n,R), log_probs (U*n,R)); R <= max_new_tokens is the number of decoding steps run.
 
@@ -85,12 +88,15 @@ def sample(
                 past_key_values=cache, use_cache=True, logits_to_keep=1)
     logits = out.logits[:, -1].float()
     cache = out.past_key_values
-    if n > 1:  # the samples of a prompt share its prefill
-        cache.batch_repeat_interleave(n)
-        logits = logits.repeat_interleave(n, dim=0)
     mask = torch.ones((b, p + max_new_tokens), dtype=attention_mask.dtype, device=device)
     mask[:, :p] = attention_mask.repeat_interleave(n, dim=0) if n > 1 else attention_mask
     next_pos = positions[:, -1:].repeat_interleave(n, dim=0) + 1 if n > 1 else positions[:, -1:] + 1
+    # the samples of a prompt share its prefill: its KV cache is repeated n times
+    decoder = LeanDecoder(model, cache, n, mask, next_pos, max_new_tokens) if lean and supports(model) else None
+    if n > 1:
+        if decoder is None:
+            cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)
     eos = torch.tensor(eos_token_ids, device=device)
     unfinished = torch.ones(b, dtype=torch.bool, device=device)
     tokens = torch.full((b, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
@@ -112,7 +118,10 @@ def sample(
         unfinished &= ~torch.isin(token, eos)
         if t + 1 == max_new_tokens or not bool(unfinished.any()):
             break
-        out = model(input_ids=token[:, None], attention_mask=mask[:, : p + t + 1], position_ids=next_pos + t,
-                    past_key_values=cache, use_cache=True, logits_to_keep=1)
-        logits = out.logits[:, -1].float()
+        if decoder is not None:
+            logits = decoder.step(token, t).float()
+        else:
+            out = model(input_ids=token[:, None], attention_mask=mask[:, : p + t + 1], position_ids=next_pos + t,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            logits = out.logits[:, -1].float()
     return tokens[:, :steps], log_probs[:, :steps]
