@@ -7,8 +7,9 @@ Generation (16 prompts x 8 samples, temperature 1), cumulative variants:
   generate         HFEngine(use_generate=True): transformers' `generate` + output_logits (the engine before)
   loop             our decoding loop on the 128 repeated prompts (n=1), torch.multinomial draws
   loop+prefill     the 16 distinct prompts prefilled once, KV cache repeated 8x
-  loop+prefill+cdf the draw by inverting the CDF (one uniform per row) = HFEngine now
-Log-probs (the proposed change to rlhf/workers/policy.py), on a generated batch:
+  loop+prefill+cdf the draw by inverting the CDF (one uniform per row)
+  +lean            decoding steps through rlhf.rollout.lean_decoder (static KV cache, fused projections) = HFEngine now
+Log-probs (PolicyWorker(shared_prefix=...)), on a generated batch:
   full / shared    forward (reference log-probs) and forward+backward (update) over [prompt|response]
                    rows vs rlhf.models.shared_prefix (each prompt once)
 Medians (and minima) over `reps` alternated repetitions, one torch thread.
@@ -54,14 +55,15 @@ def ablate(checkpoint: str, max_new_tokens: int, full_length: bool, reps: int) -
     repeated = prompts.repeat(8, interleave=True)
     inverse_cdf = decode.draw
 
-    def loop(prefill_once: bool, cdf: bool):
+    def loop(prefill_once: bool, cdf: bool, lean: bool = False):
         def run():
             decode.draw = inverse_cdf if cdf else _multinomial
             try:
                 src, n = (prompts, 8) if prefill_once else (repeated, 1)
                 return decode.sample(model, src["input_ids"], src["attention_mask"], n=n,
                                      max_new_tokens=max_new_tokens, eos_token_ids=engine.eos_token_ids,
-                                     pad_token_id=engine.pad_token_id, min_new_tokens=sampling.min_new_tokens)
+                                     pad_token_id=engine.pad_token_id, min_new_tokens=sampling.min_new_tokens,
+                                     lean=lean)
             finally:
                 decode.draw = inverse_cdf
         return run
@@ -71,6 +73,7 @@ def ablate(checkpoint: str, max_new_tokens: int, full_length: bool, reps: int) -
         "loop": loop(False, False),
         "loop+prefill": loop(True, False),
         "loop+prefill+cdf": loop(True, True),
+        "loop+prefill+cdf+lean": loop(True, True, True),
     }
     torch.manual_seed(0)
     batch = engine.generate(prompts, sampling)
