@@ -194,13 +194,16 @@ def phase_split(steps: list[dict]) -> dict:
     def med(key: str) -> float:
         return _median([s.get(key, 0.0) for s in steps]) or 0.0
 
+    # update computes the reference log-probs itself (PolicyWorker.requirements): shown apart
+    ref = [s.get("timing_s/ref_worker", 0.0) + s.get("timing_s/ref_in_update", 0.0) for s in steps]
+    update = [s.get("timing_s/update_worker", 0.0) - s.get("timing_s/ref_in_update", 0.0) for s in steps]
     parts = {
         "generate": med("timing_s/gen_worker"),
         "reward": med("timing_s/reward"),
         "log_probs_old": med("timing_s/old_log_prob_worker"),
-        "log_probs_ref": med("timing_s/ref_worker"),
+        "log_probs_ref": _median(ref),
         "advantage": med("timing_s/adv"),
-        "update": med("timing_s/update_worker"),
+        "update": _median(update),
         "weight_sync": 0.0,  # hybrid engine: the HF engine generates with the actor's own module
     }
     overhead = [

@@ -161,6 +161,10 @@ class PolicyWorker:
         if self.objective is None:
             raise RuntimeError("this policy worker was built without an objective (inference only)")
         start = time.perf_counter()
+        ref_seconds = 0.0
+        if getattr(self.objective, "needs_ref", False) and "ref_log_probs" not in batch:
+            batch = batch.union(self._log_probs_batched(self.ref_model, batch, "ref_log_probs"))  # see requirements
+            ref_seconds = time.perf_counter() - start
         temperature = batch.meta.get("temperature", 1.0)
         mode = "grad" if getattr(self.objective, "needs_entropy_grad", False) else "metric"
         unwrapped = self.trainer.unwrapped()
@@ -175,6 +179,8 @@ class PolicyWorker:
 
         out = self.trainer.update(batch, micro_loss)
         out["timing_s/update_worker"] = time.perf_counter() - start
+        if ref_seconds:
+            out["timing_s/ref_in_update"] = ref_seconds
         return out
 
     @on_all_ranks
@@ -182,13 +188,14 @@ class PolicyWorker:
         """What the driver must compute before `update`: old log-probs, reference log-probs.
 
         Old log-probs are skipped when provably on-policy (one epoch, one mini-batch): the
-        update then uses the current log-probs, detached, as the old ones.
+        update then uses the current log-probs, detached, as the old ones. Reference
+        log-probs are never asked for: this worker holds the reference model, so `update`
+        computes them for its own rows when the batch lacks them (one call per step fewer:
+        a Ray round trip with the batch costs ~5 ms on a small machine). A driver that needs
+        them itself (a KL penalty in the reward) calls `compute_ref_log_probs`.
         """
         off_policy = self.trainer.epochs > 1 or self.trainer.mini_batches > 1
-        return {
-            "old_log_probs": self.objective is not None and off_policy,
-            "ref": bool(getattr(self.objective, "needs_ref", False)),
-        }
+        return {"old_log_probs": self.objective is not None and off_policy, "ref": False}
 
     # ------------------------------------------------------------ state I/O
     @on_all_ranks

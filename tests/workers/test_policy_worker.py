@@ -30,7 +30,20 @@ def test_update_changes_weights_and_reports_verl_metrics():
     assert any(not torch.equal(before[k], after[k]) for k in before)
     for name in ["actor/pg_loss", "actor/pg_clipfrac", "actor/kl_loss", "actor/entropy", "actor/grad_norm"]:
         assert name in metrics, name
-    assert worker.requirements() == {"old_log_probs": False, "ref": True}
+    assert worker.requirements() == {"old_log_probs": False, "ref": False}  # update computes ref log-probs itself
+
+
+def test_update_computes_missing_reference_log_probs_itself():
+    """A batch without ref_log_probs trains exactly as one the driver completed first."""
+    sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731
+    inside, outside = grpo_worker(optimizer=sgd), grpo_worker(optimizer=sgd)
+    batch = scored_rollout(outside)  # has ref_log_probs
+    bare = batch.select([k for k in batch.keys() if k != "ref_log_probs"])
+    a, b = inside.update(bare), outside.update(batch)
+    assert a["actor/kl_loss"] == pytest.approx(b["actor/kl_loss"], rel=1e-6)
+    assert "timing_s/ref_in_update" in a and "timing_s/ref_in_update" not in b
+    pa, pb = inside.parameters_digest(), outside.parameters_digest()
+    assert all(torch.equal(pa[k], pb[k]) for k in pa)
 
 
 def test_multiple_mini_batches_need_old_log_probs():
