@@ -89,7 +89,7 @@ def base() -> fdl.Config[Experiment]:
         reward=reward,
         advantage=fdl.Config(GRPO, norm_by_std=True),
         sampling=fdl.Config(SamplingParams, n=8, temperature=1.0, max_new_tokens=8),
-        prompts_per_step=16,
+        prompts_per_step=64,  # 16 learned too: 45% -> 55% in one run, 42% in a numerically equivalent one
         total_steps=250,
         evaluator=heldout_evaluator(rl_tokenizer, reward),
     )

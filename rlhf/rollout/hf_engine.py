@@ -32,9 +32,11 @@ class HFEngine:
         model: torch.nn.Module,
         tokenizer: PreTrainedTokenizerBase,
         use_generate: bool = False,  # True: transformers' `generate` (slower; the reference the loop is tested against)
+        lean: bool = True,  # decoding steps through rlhf.rollout.lean_decoder where the model supports it
     ):
         self.model = model
         self.use_generate = use_generate
+        self.lean = lean
         self.tokenizer = tokenizer
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -61,7 +63,7 @@ class HFEngine:
                     max_new_tokens=sampling.max_new_tokens, eos_token_ids=self.eos_token_ids,
                     pad_token_id=self.pad_token_id, temperature=sampling.temperature, top_k=sampling.top_k,
                     top_p=sampling.top_p, logprob_temperature=sampling.logit_temperature,
-                    min_new_tokens=sampling.min_new_tokens,
+                    min_new_tokens=sampling.min_new_tokens, lean=self.lean,
                 )
         finally:
             self.model.train(was_training)

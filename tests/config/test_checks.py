@@ -48,11 +48,12 @@ def test_the_shipped_experiment_passes_and_its_batch_table_has_the_numbers(arith
     sft, grpo = report.batches
     # SFT: 128 examples on 1 worker, 1 mini-batch, micro-batches of 128 -> 1 x 128, 1 optimizer step.
     assert (sft.stage, sft.samples, sft.workers, sft.rows_per_worker, sft.micro_batches) == ("sft", 128, 1, 128, 1)
-    # GRPO: 16 prompts x 8 samples = 128 rows.
-    assert (grpo.stage, grpo.prompts, grpo.n, grpo.samples, grpo.optimizer_steps) == ("grpo", 16, 8, 128, 1)
+    # GRPO: 64 prompts x 8 samples = 512 rows, micro-batches of 128 -> 4, one optimizer step.
+    assert (grpo.stage, grpo.prompts, grpo.n, grpo.samples, grpo.micro_batches, grpo.optimizer_steps) == (
+        "grpo", 64, 8, 512, 4, 1)
     table = batch_table(report.batches)
     assert "prompts" in table and "rows/worker" in table and "optimizer steps" in table
-    assert grpo_row(table) == ["grpo", "16", "8", "128"]
+    assert grpo_row(table) == ["grpo", "64", "8", "512"]
 
 
 def test_table_counts_workers_mini_and_micro_batches(arithmetic):
@@ -61,8 +62,8 @@ def test_table_counts_workers_mini_and_micro_batches(arithmetic):
     worker = graph.stages["grpo"].policy.worker
     worker.mini_batches, worker.micro_batch_size, worker.epochs = 4, 8, 2
     (_, grpo) = batch_arithmetic(graph)
-    # 128 samples / 2 workers = 64 rows; 4 mini-batches of 16; micro-batches of 8 -> 2; 2 epochs x 4 = 8 steps.
-    assert (grpo.rows_per_worker, grpo.rows_per_mini_batch, grpo.micro_batches, grpo.optimizer_steps) == (64, 16, 2, 8)
+    # 512 samples / 2 workers = 256 rows; 4 mini-batches of 64; micro-batches of 8 -> 8; 2 epochs x 4 = 8 steps.
+    assert (grpo.rows_per_worker, grpo.rows_per_mini_batch, grpo.micro_batches, grpo.optimizer_steps) == (256, 64, 8, 8)
 
 
 def test_local_runtime_counts_one_worker_and_says_so(arithmetic):
@@ -77,6 +78,7 @@ def test_local_runtime_counts_one_worker_and_says_so(arithmetic):
 def test_samples_that_do_not_split_over_workers(arithmetic):
     graph = arithmetic.base()
     common.workers(graph, n=3)
+    graph.stages["grpo"].prompts_per_step = 16
     graph.stages["sft"].batch_size = 96  # divisible by 3; GRPO's 16 x 8 = 128 is not
     message = one_error(graph)
     assert "stage 'grpo': prompts_per_step x sampling.n = 16 x 8 = 128 samples per step do not split evenly over 3" \
@@ -88,6 +90,7 @@ def test_samples_that_do_not_split_over_workers(arithmetic):
 
 def test_rows_that_do_not_split_into_mini_batches(arithmetic):
     graph = arithmetic.base()
+    graph.stages["grpo"].prompts_per_step = 16
     graph.stages["grpo"].policy.worker.mini_batches = 3
     message = one_error(graph)
     assert "each worker's 128 rows per step do not split into 3 equal mini-batches" in message
@@ -103,6 +106,7 @@ def test_more_mini_batches_than_rows(arithmetic):
 
 def test_micro_batches_that_do_not_divide_are_a_warning(arithmetic):
     graph = arithmetic.base()
+    graph.stages["grpo"].prompts_per_step = 16
     graph.stages["grpo"].policy.worker.micro_batch_size = 48
     report = check_experiment(graph, cpus=16, gpus=0)
     assert report.errors == []

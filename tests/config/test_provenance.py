@@ -103,7 +103,7 @@ def test_rlhf_diff_of_two_command_lines(capsys):
     main(["diff", ARITHMETIC, ARITHMETIC, "--b_config", "fiddler:smoke", "--b_config", "set:stages.grpo.total_steps=7"])
     out = capsys.readouterr().out
     assert "~ stages.grpo.total_steps: 250 -> 7" in out
-    assert "~ stages.grpo.prompts_per_step: 16 -> 4" in out
+    assert "~ stages.grpo.prompts_per_step: 64 -> 4" in out
     assert "~ stages.sft.evaluator.dataset.rows.n: 500 -> 32" in out
     assert len([line for line in out.splitlines() if line.startswith("~")]) == 6
 
