@@ -38,6 +38,9 @@ def load_experiment(path: str):
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from rlhf.config.cli import honour_interrupts
+
+    honour_interrupts()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)

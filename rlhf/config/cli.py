@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
 import types
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -65,7 +67,20 @@ def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
     return console.export_text()
 
 
+def honour_interrupts() -> None:
+    """Make SIGINT (Ctrl-C) stop this process even when it was started with SIGINT ignored.
+
+    A shell starts background jobs (`cmd &`, CI scripts) with SIGINT ignored, and Python then
+    installs no KeyboardInterrupt handler, so `rlhf ui` would never stop aim up and a sweep's
+    members would not close their runs as interrupted when asked to. Entry points call this
+    first; a handler someone installed on purpose is left alone.
+    """
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    honour_interrupts()
     import rlhf_configs.common as common
     from rlhf.config.checks import batch_arithmetic, batch_table
     from rlhf.config.provenance import format_provenance
