@@ -22,10 +22,8 @@ import fiddle as fdl
 from rlhf.data.generators import countdown_rows
 from rlhf.rewards.countdown import countdown_score
 from rlhf.runtime.experiment import Experiment
-from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.tracking.aim_tracker import AimTracker
 from rlhf_configs.gsm8k import make_tiny
-from rlhf_configs.tasks import grpo_stage
+from rlhf_configs.tasks import grpo_experiment, grpo_stage
 
 NAME = "countdown_tinyzero"
 
@@ -45,26 +43,15 @@ def base(model: str = "Qwen/Qwen2.5-3B", data_dir: str = "~/data/countdown") -> 
     )
     stage.policy.worker.micro_batch_size = 8  # 3B with 1.2k-token sequences
     stage.policy.worker.mini_batches = 2  # 128 prompts per optimizer step, as TinyZero's ppo_mini_batch_size
-    return fdl.Config(
-        Experiment,
-        name=NAME,
-        stages={"grpo": stage},
-        runtime=fdl.Config(RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
-    )
+    return grpo_experiment(NAME, stage)
 
 
 def tiny(cfg: fdl.Config[Experiment]) -> None:
     """The same graph on CPU, offline: a tiny local model, generated 3-number puzzles, a few steps."""
     stage = cfg.stages["grpo"]
-    make_tiny(stage, f"outputs/{NAME}/tiny-init-h64-l2")
-    stage.train_data.rows = fdl.Config(countdown_rows, n=256, seed=0, split="train")
-    stage.evaluator.dataset.rows = fdl.Config(countdown_rows, n=16, seed=0, split="test")
+    make_tiny(stage, f"outputs/{NAME}/tiny-init-h64-l2", rows=countdown_rows)
     # The byte-level tiny tokenizer spends a token per character: TinyZero's prompt is ~330 tokens.
     stage.train_data.max_prompt_length = stage.evaluator.dataset.max_prompt_length = 448
-    stage.total_steps = 4
-    stage.test_freq = 2
-    stage.save_freq = 2
 
 
 if __name__ == "__main__":

@@ -21,10 +21,8 @@ import fiddle as fdl
 
 from rlhf.rewards.math import math_score
 from rlhf.runtime.experiment import Experiment
-from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.tracking.aim_tracker import AimTracker
 from rlhf_configs.gsm8k import make_tiny
-from rlhf_configs.tasks import grpo_stage, math_like_rows
+from rlhf_configs.tasks import grpo_experiment, grpo_stage, math_like_rows
 
 NAME = "qwen_math"
 MATH_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500")
@@ -43,24 +41,13 @@ def base(model: str = "Qwen/Qwen2.5-0.5B-Instruct", data_dir: str = "~/data/math
         prompts_per_step=256,
         total_steps=435,  # ~15 epochs of MATH's 7500 training problems
     )
-    return fdl.Config(
-        Experiment,
-        name=NAME,
-        stages={"grpo": stage},
-        runtime=fdl.Config(RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
-    )
+    return grpo_experiment(NAME, stage)
 
 
 def tiny(cfg: fdl.Config[Experiment]) -> None:
     """The same graph on CPU, offline: a tiny local model, generated MATH-format problems, a few steps."""
     stage = cfg.stages["grpo"]
-    make_tiny(stage, f"outputs/{NAME}/tiny-init-h64-l2")
-    stage.train_data.rows = fdl.Config(math_like_rows, n=256, seed=0, split="train")
-    stage.evaluator.dataset.rows = fdl.Config(math_like_rows, n=16, seed=0, split="test")
-    stage.total_steps = 4
-    stage.test_freq = 2
-    stage.save_freq = 2
+    make_tiny(stage, f"outputs/{NAME}/tiny-init-h64-l2", rows=math_like_rows)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import fiddle as fdl
 import torch
 
@@ -71,8 +73,9 @@ def gsm8k_rl_stage(model: str, data_dir: str) -> fdl.Config[RLTrainer]:
     )
 
 
-def make_tiny(stage: fdl.Config[RLTrainer], model_dir: str) -> None:
-    """The same stage on CPU, offline: a tiny local model, generated GSM8K-format problems, a few steps."""
+def make_tiny(stage: fdl.Config[RLTrainer], model_dir: str, rows: Callable[..., list] = gsm8k_like_rows) -> None:
+    """The same stage on CPU, offline: a tiny local model, generated problems (`rows(n, seed, split)`,
+    GSM8K-format by default), a few steps."""
     model = tiny_model(model_dir, hidden_size=64, num_layers=2)
     worker = stage.policy.worker
     worker.model_path = worker.ref_model_path = model
@@ -87,8 +90,8 @@ def make_tiny(stage: fdl.Config[RLTrainer], model_dir: str) -> None:
         stage.critic.worker.micro_batch_size = 64
         stage.critic.gpus_per_worker = 0
     stage.tokenizer.name_or_path = model
-    stage.train_data.rows = fdl.Config(gsm8k_like_rows, n=512, seed=0, split="train")
-    stage.evaluator.dataset.rows = fdl.Config(gsm8k_like_rows, n=64, seed=0, split="test")
+    stage.train_data.rows = fdl.Config(rows, n=512, seed=0, split="train")
+    stage.evaluator.dataset.rows = fdl.Config(rows, n=64, seed=0, split="test")
     stage.sampling.max_new_tokens = 32
     stage.evaluator.sampling.max_new_tokens = 32
     stage.prompts_per_step = 8

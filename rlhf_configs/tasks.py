@@ -17,12 +17,26 @@ from rlhf.data.sources import load_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.experiment import Experiment
+from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import Remote
 from rlhf.trainers.evaluate import Evaluator
+from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf_configs.pieces import policy_group
+
+
+def grpo_experiment(name: str, stage: fdl.Config[RLTrainer]) -> fdl.Config[Experiment]:
+    """One GRPO stage as an experiment: Ray runtime, runs recorded in `.aim` under `name`."""
+    return fdl.Config(
+        Experiment,
+        name=name,
+        stages={"grpo": stage},
+        runtime=fdl.Config(RayRuntime),
+        tracker=fdl.Config(AimTracker, repo=".aim", experiment=name),
+    )
 
 
 def grpo_stage(
@@ -128,7 +142,7 @@ def use_reward_model(
     max_length: int = 2048,
 ) -> None:
     """Add a sequence-classification reward model's score (x weight) to the rule score, in a group
-    colocated with the policy. Needs RLTrainer(reward_model=, reward_model_weight=) (proposed)."""
+    colocated with the policy (RLTrainer(reward_model=, reward_model_weight=))."""
     policy = stage.policy
     stage.train_data.raw_prompt = True  # the reward model re-renders the chat messages with its template
     stage.reward_model = fdl.Config(

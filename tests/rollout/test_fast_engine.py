@@ -165,3 +165,22 @@ def test_min_new_tokens_keeps_eos_out_until_then_as_generate_does(engines, peake
     assert a["response_mask"].sum(dim=1).eq(6).all()  # 5 forced tokens, then EOS
     assert sampled["response_mask"].sum(dim=1).ge(6).all()
     assert not sampled["responses"][:, :5].eq(eos).any()
+
+
+def test_lean_false_decodes_through_the_models_own_forward(engines, monkeypatch):
+    """HFEngine(lean=False) (the exactness baseline in docs/performance.md) never builds the lean step."""
+    import rlhf.rollout.decode as decode
+
+    fast, _ = engines
+    plain = HFEngine(fast.model, fast.tokenizer, lean=False)
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
+    expected = fast.generate(prompts(fast.tokenizer, TEXTS[:2]), greedy)
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("LeanDecoder built although lean=False")
+
+    monkeypatch.setattr(decode, "LeanDecoder", refuse)
+    got = plain.generate(prompts(fast.tokenizer, TEXTS[:2]), greedy)
+    assert torch.equal(got["responses"], expected["responses"])
+    with pytest.raises(AssertionError, match="lean=False"):
+        fast.generate(prompts(fast.tokenizer, TEXTS[:2]), greedy)  # the default does build it
