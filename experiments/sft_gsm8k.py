@@ -57,7 +57,7 @@ def base(model: str = "Qwen/Qwen2.5-0.5B", data_dir: str = "~/data/gsm8k") -> fd
         batch_size=64, micro_batch_size=8, lr=1e-5, warmup_steps=10, max_length=1024, response_key="answer",
         test_freq=50, save_freq=100, gpus_per_worker=1,
     )
-    sft.policy.worker.mixed_precision = "bf16"  # fp32 master weights, bf16 compute
+    sft.policy.worker.compute_dtype = "bfloat16"  # fp32 master weights, bf16 compute
     sft.evaluator = gsm8k_evaluator(sft.data.tokenizer, f"{data_dir}/test.parquet")
     return fdl.Config(
         Experiment,
@@ -73,7 +73,7 @@ def tiny(cfg: fdl.Config[Experiment]) -> None:
     model = tiny_model(f"outputs/{NAME}/tiny-init-h64-l2", hidden_size=64, num_layers=2)
     sft = cfg.stages["sft"]
     sft.policy.worker.model_path = model
-    sft.policy.worker.mixed_precision = "no"
+    sft.policy.worker.compute_dtype = "float32"
     sft.policy.worker.optimizer.lr = 3e-3
     sft.policy.worker.micro_batch_size = 16
     sft.policy.gpus_per_worker = 0

@@ -24,7 +24,7 @@ def use_gae_with_critic(
             model_path=worker.model_path,
             value_loss=fdl.Config(ClippedValueLoss, clip_range=0.5),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=critic_lr),
-            dtype=worker.dtype,
+            compute_dtype=worker.compute_dtype,
             micro_batch_size=worker.micro_batch_size,
             mini_batches=worker.mini_batches,
         ),

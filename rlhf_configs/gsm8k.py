@@ -37,7 +37,7 @@ def gsm8k_rl_stage(model: str, data_dir: str) -> fdl.Config[RLTrainer]:
                 kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.001),
             ),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-6, weight_decay=0.01),
-            dtype="bfloat16",
+            compute_dtype="bfloat16",  # bf16 matmuls; weights and AdamW state stay fp32
             micro_batch_size=16,
             mini_batches=4,  # 1280 samples per step -> 4 optimizer steps of 320
             gpus_per_worker=1,
@@ -79,13 +79,13 @@ def make_tiny(stage: fdl.Config[RLTrainer], model_dir: str, rows: Callable[..., 
     model = tiny_model(model_dir, hidden_size=64, num_layers=2)
     worker = stage.policy.worker
     worker.model_path = worker.ref_model_path = model
-    worker.dtype = "float32"
+    worker.compute_dtype = "float32"
     worker.mini_batches = 1
     worker.micro_batch_size = 64
     stage.policy.gpus_per_worker = 0
     if stage.critic is not None:
         stage.critic.worker.model_path = model
-        stage.critic.worker.dtype = "float32"
+        stage.critic.worker.compute_dtype = "float32"
         stage.critic.worker.mini_batches = 1
         stage.critic.worker.micro_batch_size = 64
         stage.critic.gpus_per_worker = 0

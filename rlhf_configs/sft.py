@@ -38,7 +38,7 @@ def sft_stage(
     model, data, val=None, *, steps: int = 500, batch_size: int = 64, micro_batch_size: int = 8, lr: float = 1e-5,
     warmup_steps: int = 10, max_length: int = 1024, response_key: str | None = None, accuracy: bool = False,
     max_new_tokens: int = 512, test_freq: int = 50, save_freq: int = 0, workers: int = 1, gpus_per_worker: float = 0,
-    dtype: str = "float32", bucketed: bool = True,
+    compute_dtype: str = "float32", bucketed: bool = True,
 ) -> fdl.Config[SFTTrainer]:
     """An SFT stage: AdamW + cosine schedule with warmup, gradient accumulation over micro-batches,
     length-bucketed batches, `val/sft_loss` on `val` and (accuracy=True) greedy exact match on it."""
@@ -71,7 +71,7 @@ def sft_stage(
             lr_scheduler=fdl.Partial(get_cosine_schedule_with_warmup, num_warmup_steps=warmup_steps,
                                      num_training_steps=steps),
             micro_batch_size=micro_batch_size,
-            dtype=dtype,
+            compute_dtype=compute_dtype,  # weights and AdamW state stay float32
         ),
         data=dataset(data, "train"),
         val_data=dataset(val, "val") if val is not None else None,
@@ -121,7 +121,8 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--save-freq", type=int, default=d["save_freq"], help="resumable checkpoint every k steps (0: none)")
     p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
     p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"])
-    p.add_argument("--dtype", default=d["dtype"], help="float32, bfloat16 or float16")
+    p.add_argument("--compute-dtype", default=d["compute_dtype"], choices=["float32", "bfloat16"],
+                   help="matmul dtype (autocast); the trained weights and optimizer state stay float32")
     p.add_argument("--no-bucketing", action="store_true", help="random batches instead of length-bucketed ones")
     p.add_argument("--out", default="outputs", help="output folder: <out>/sft/<time>/sft/final is the model")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
@@ -135,7 +136,7 @@ def main(argv: Sequence[str]) -> int:
         steps=a.steps, batch_size=a.batch_size, micro_batch_size=a.micro_batch_size, lr=a.lr,
         warmup_steps=a.warmup_steps, max_length=a.max_length, response_key=a.response_key, accuracy=a.accuracy,
         max_new_tokens=a.max_new_tokens, test_freq=a.test_freq, save_freq=a.save_freq, workers=a.workers,
-        gpus_per_worker=a.gpus_per_worker, dtype=a.dtype, bucketed=not a.no_bucketing,
+        gpus_per_worker=a.gpus_per_worker, compute_dtype=a.compute_dtype, bucketed=not a.no_bucketing,
     )
     from rlhf.config.validate import PreflightError
     from rlhf.runtime.experiment import run_experiment

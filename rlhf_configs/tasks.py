@@ -66,7 +66,7 @@ def grpo_stage(
                 kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=kl_coef),
             ),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.01),
-            dtype="bfloat16",
+            compute_dtype="bfloat16",  # bf16 matmuls; weights and AdamW state stay fp32
             micro_batch_size=16,
             mini_batches=4,
             gpus_per_worker=1,
@@ -152,7 +152,7 @@ def use_reward_model(
             RewardModelWorker,
             model_path=model_path,
             tokenizer_path=tokenizer_path,
-            dtype=policy.worker.dtype,
+            dtype=policy.worker.compute_dtype,  # frozen: stored in the compute dtype
             micro_batch_size=policy.worker.micro_batch_size,
             max_length=max_length,
         ),

@@ -45,6 +45,7 @@ from rlhf.algos.kl import (
 from rlhf.algos.logprobs import (
     entropy_from_logits,
     entropy_from_logits_chunked,
+    log_probs_and_entropy,
     log_probs_from_logits,
     sum_pi_squared_from_logits,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "masked_zero",
     # log-probs and entropy
     "log_probs_from_logits",
+    "log_probs_and_entropy",
     "entropy_from_logits",
     "entropy_from_logits_chunked",
     "sum_pi_squared_from_logits",

@@ -1,13 +1,21 @@
-"""Token log-probabilities and entropies from logits, frugal with memory.
+"""Token log-probabilities and entropies from logits in float32, without launch storms or copies.
 
-Notation: B batch, T tokens, V vocabulary. `logits` is (B, T, V) (any leading shape
-works: everything but the last dim is flattened into rows), `labels` is (B, T) int64.
+Notation: N rows (tokens), V vocabulary; `logits` is (B, T, V) (any leading shape works:
+everything but the last dim is flattened into N rows), `labels` is (B, T) int64.
 
-A full `log_softmax` materialises a second (B, T, V) tensor and keeps it alive for
-backward. The functions here instead compute `logsumexp` row-chunk by row-chunk (in
-float32 for low-precision logits), save only the (B, T) statistics, and recompute the
-softmax chunk by chunk in backward. Peak extra memory is one (chunk_size, V) float32
-block plus the (B, T, V) gradient that autograd has to produce anyway.
+A full `log_softmax` keeps a second (B, T, V) tensor alive for backward, and `logits.float()`
+of bf16 logits is a (B, T, V) float32 copy: at a 152k vocabulary that is 600 KB per token.
+Here the rows are processed in blocks: each block is cast to float32 and divided by the
+temperature, `logsumexp` and the picked logit (and, if asked, the entropy) are computed from
+it, and only the (N,) statistics are saved; backward recomputes the softmax block by block.
+The largest float32 temporary is one block.
+
+Block size: a memory budget (`max_block_elements`, default 2**24 float32 elements = 64 MiB,
+thousands of rows at small vocabularies, ~110 at 152k) and at most a quarter of the rows, so
+no block is ever as large as the input. The number of blocks -- hence of kernel launches --
+is at most max(4, N*V / budget): it does not grow with N until the budget binds, and then
+every launch moves tens of MB. (An older rule, 2**19 elements tuned for a CPU cache, meant 3
+rows per block at 152k: 87,408 `logsumexp` launches per update on an H100.)
 """
 
 from __future__ import annotations
@@ -15,123 +23,136 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+MAX_BLOCK_ELEMENTS = 2**24  # float32 elements per block (64 MiB): the temporaries' memory budget
+MIN_BLOCKS = 4  # blocks per call at least, so a block's float32 copy is <= 1/4 of the logits
+
+
+def block_rows(rows: int, vocab: int, max_block_elements: int = MAX_BLOCK_ELEMENTS) -> int:
+    """Rows per block: within the memory budget, and at most ceil(rows / MIN_BLOCKS)."""
+    by_budget = max(1, max_block_elements // max(vocab, 1))
+    return max(1, min(by_budget, -(-rows // MIN_BLOCKS)))
+
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _rows(x: Tensor) -> Tensor:
-    return x.reshape(-1, x.shape[-1])
+def _scaled_block(z: Tensor, inv_temperature: float, cdt: torch.dtype) -> Tensor:
+    """One block of logits in `cdt` divided by the temperature (a view of `z` when nothing changes:
+    never write to it)."""
+    zc = z.to(cdt)
+    return zc if inv_temperature == 1.0 else (zc.mul_(inv_temperature) if zc is not z else zc * inv_temperature)
 
 
-CHUNK_ELEMENTS = 2**19  # default block: ~2 MiB of float32, small enough to stay in cache
+class _LogProbEntropy(torch.autograd.Function):
+    """lp = z_y - lse(z), H = lse(z) - E_p[z] with z = logits / tau, in blocks; backward recomputes p.
 
-
-def _chunk_rows(chunk_size: int | None, vocab: int) -> int:
-    return max(1, CHUNK_ELEMENTS // max(vocab, 1)) if chunk_size is None else chunk_size
-
-
-class _SelectedLogProb(torch.autograd.Function):
-    """log p(label) = z_label - logsumexp(z); backward recomputes softmax per chunk."""
+    d lp / dz_v = 1[v = y] - p_v;  d H / dz_v = -p_v (z_v - E_p[z]), and E_p[z] = lse - H.
+    """
 
     @staticmethod
-    def forward(ctx, logits: Tensor, labels: Tensor, chunk_size: int) -> Tensor:
-        z = _rows(logits)
-        y = labels.reshape(-1)
+    def forward(ctx, logits: Tensor, labels: Tensor, temperature: float, rows: int, with_entropy: bool):
+        z = logits.reshape(-1, logits.shape[-1])
+        y = labels.reshape(-1, 1)
         cdt = _compute_dtype(logits.dtype)
-        lse = torch.empty(z.shape[0], dtype=cdt, device=z.device)
-        for start in range(0, z.shape[0], chunk_size):
-            lse[start : start + chunk_size] = torch.logsumexp(z[start : start + chunk_size].to(cdt), dim=-1)
-        picked = z.gather(-1, y.unsqueeze(-1)).squeeze(-1).to(cdt)
-        ctx.save_for_backward(logits, labels, lse)
-        ctx.chunk_size = chunk_size
-        return (picked - lse).reshape(labels.shape)
+        inv_t = 1.0 / temperature
+        n = z.shape[0]
+        lse = torch.empty(n, dtype=cdt, device=z.device)
+        log_probs = torch.empty(n, dtype=cdt, device=z.device)
+        entropy = torch.empty(n, dtype=cdt, device=z.device) if with_entropy else None
+        for start in range(0, n, rows):
+            sl = slice(start, start + rows)
+            zc = _scaled_block(z[sl], inv_t, cdt)
+            block_lse = torch.logsumexp(zc, dim=-1, out=lse[sl])
+            torch.sub(zc.gather(-1, y[sl]).squeeze(-1), block_lse, out=log_probs[sl])
+            if entropy is not None:  # H = lse - sum_v p_v z_v, p = exp(z - lse)
+                p = torch.sub(zc, block_lse[:, None]).exp_()
+                torch.sub(block_lse, p.mul_(zc).sum(-1), out=entropy[sl])
+        ctx.save_for_backward(logits, labels, lse, entropy if entropy is not None else lse)
+        ctx.inv_t, ctx.rows, ctx.with_entropy = inv_t, rows, with_entropy
+        shape = labels.shape
+        return log_probs.reshape(shape), (entropy.reshape(shape) if entropy is not None else None)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        logits, labels, lse = ctx.saved_tensors
-        z = _rows(logits)
-        y = labels.reshape(-1)
-        g = grad_out.reshape(-1).to(lse.dtype)
+    def backward(ctx, grad_lp: Tensor | None, grad_h: Tensor | None):
+        logits, labels, lse, entropy = ctx.saved_tensors
+        if not ctx.with_entropy:
+            grad_h = None
+        z = logits.reshape(-1, logits.shape[-1])
+        y = labels.reshape(-1, 1)
+        cdt, inv_t, rows = lse.dtype, ctx.inv_t, ctx.rows
+        g_lp = grad_lp.reshape(-1).to(cdt) if grad_lp is not None else torch.zeros_like(lse)
+        g_h = grad_h.reshape(-1).to(cdt) if grad_h is not None else None
         grad = torch.empty_like(z)
-        cs = ctx.chunk_size
-        for start in range(0, z.shape[0], cs):
-            sl = slice(start, start + cs)
-            # d/dz_v [z_y - lse] = 1[v = y] - softmax(z)_v
-            p = torch.sub(z[sl].to(lse.dtype), lse[sl, None]).exp_()
-            p.mul_(-g[sl, None])
-            p.scatter_add_(-1, y[sl, None], g[sl, None])
-            grad[sl] = p.to(z.dtype)
-        return grad.reshape(logits.shape), None, None
+        for start in range(0, z.shape[0], rows):
+            sl = slice(start, start + rows)
+            zc = _scaled_block(z[sl], inv_t, cdt)
+            p = torch.sub(zc, lse[sl, None]).exp_()
+            if g_h is None:  # -p g_lp
+                weight = p.mul_(-g_lp[sl, None])
+            else:  # -p (g_lp + g_h (z - E_p z))
+                centered = torch.sub(zc, (lse[sl] - entropy[sl])[:, None])
+                weight = p.mul_(centered.mul_(g_h[sl, None]).add_(g_lp[sl, None])).neg_()
+            weight.scatter_add_(-1, y[sl], g_lp[sl, None])
+            if inv_t != 1.0:
+                weight.mul_(inv_t)
+            grad[sl] = weight
+        return grad.reshape(logits.shape), None, None, None, None
 
 
-class _ChunkedEntropy(torch.autograd.Function):
-    """H = logsumexp(z) - sum_v p_v z_v; dH/dz_v = -p_v (z_v - E_p[z])."""
+def log_probs_and_entropy(
+    logits: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    max_block_elements: int = MAX_BLOCK_ELEMENTS,
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(y_t) and H(pi_t) per token, pi = softmax(logits / temperature), in one blocked pass.
 
-    @staticmethod
-    def forward(ctx, logits: Tensor, chunk_size: int) -> Tensor:
-        z = _rows(logits)
-        cdt = _compute_dtype(logits.dtype)
-        ent = torch.empty(z.shape[0], dtype=cdt, device=z.device)
-        for start in range(0, z.shape[0], chunk_size):
-            zc = z[start : start + chunk_size].to(cdt)
-            lse = torch.logsumexp(zc, dim=-1, keepdim=True)
-            p = torch.exp(zc - lse)
-            ent[start : start + chunk_size] = lse.squeeze(-1) - (p * zc).sum(-1)
-        ctx.save_for_backward(logits)
-        ctx.chunk_size = chunk_size
-        return ent.reshape(logits.shape[:-1])
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_out: Tensor):
-        (logits,) = ctx.saved_tensors
-        z = _rows(logits)
-        cdt = _compute_dtype(logits.dtype)
-        g = grad_out.reshape(-1).to(cdt)
-        grad = torch.empty_like(z)
-        cs = ctx.chunk_size
-        for start in range(0, z.shape[0], cs):
-            sl = slice(start, start + cs)
-            zc = z[sl].to(cdt)
-            p = torch.softmax(zc, dim=-1)
-            mean_z = (p * zc).sum(-1, keepdim=True)
-            grad[sl] = (-(p * (zc - mean_z)) * g[sl, None]).to(z.dtype)
-        return grad.reshape(logits.shape), None
+    logits: (B, T, V) any float dtype (bf16 logits are never copied whole to float32);
+    labels: (B, T) int64. Returns ((B, T) log-probs, (B, T) entropy or None), float32
+    (float64 for float64 logits), both differentiable w.r.t. logits; detach the entropy
+    to use it as a metric only (its backward then costs nothing extra).
+    """
+    rows = block_rows(labels.numel(), logits.shape[-1], max_block_elements)
+    return _LogProbEntropy.apply(logits, labels, float(temperature), rows, with_entropy)
 
 
-def log_probs_from_logits(logits: Tensor, labels: Tensor, *, chunk_size: int | None = None) -> Tensor:
-    """log pi(y_t | y_<t) = z_{t, y_t} - logsumexp_v z_{t, v}.
+def log_probs_from_logits(
+    logits: Tensor, labels: Tensor, *, temperature: float = 1.0, chunk_size: int | None = None
+) -> Tensor:
+    """log pi(y_t | y_<t) = z_{t, y_t} - logsumexp_v z_{t, v}, z = logits / temperature.
 
     logits: (B, T, V) any float dtype; labels: (B, T) int64 token ids.
-    chunk_size: rows (tokens) per block, bounding the float32 temporaries to chunk_size x V;
-        None picks about 2^19 elements per block (measured fastest on CPU: it stays in cache).
-    Returns (B, T) log-probabilities in float32 (float64 for float64 logits), differentiable
-    w.r.t. logits without keeping a (B, T, V) log-softmax copy for backward.
+    chunk_size: rows (tokens) per block; None: `block_rows` (a memory budget).
+    Returns (B, T) float32 (float64 for float64 logits), differentiable w.r.t. logits
+    without keeping a (B, T, V) log-softmax copy for backward.
     """
-    return _SelectedLogProb.apply(logits, labels, _chunk_rows(chunk_size, logits.shape[-1]))
+    rows = chunk_size or block_rows(labels.numel(), logits.shape[-1])
+    return _LogProbEntropy.apply(logits, labels, float(temperature), rows, False)[0]
 
 
 def entropy_from_logits(logits: Tensor) -> Tensor:
-    """H(pi_t) = logsumexp_v z_v - sum_v softmax(z)_v z_v, per token.
+    """H(pi_t) = logsumexp_v z_v - sum_v softmax(z)_v z_v, per token (plain autograd reference).
 
-    logits: (B, T, V). Returns (B, T) in the logits' dtype. Plain autograd: keeps the
-    softmax for backward; use `entropy_from_logits_chunked` for large vocabularies.
+    logits: (B, T, V). Returns (B, T) in the logits' dtype and keeps the softmax for backward;
+    the trainer uses `log_probs_and_entropy` / `entropy_from_logits_chunked` instead.
     """
     p = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
 
 
-def entropy_from_logits_chunked(logits: Tensor, chunk_size: int | None = None) -> Tensor:
-    """Same value as `entropy_from_logits`, computed chunk_size rows at a time in float32.
+def entropy_from_logits_chunked(logits: Tensor, chunk_size: int | None = None, *, temperature: float = 1.0) -> Tensor:
+    """Same value as `entropy_from_logits(logits / temperature)`, computed in float32 blocks.
 
-    logits: (B, T, V). chunk_size: tokens per block (bounds the temporaries to chunk_size x V;
-        None picks about 2^19 elements per block).
-    Returns (B, T) float32 (float64 for float64 logits). Backward recomputes the softmax
-    per chunk: dH/dz_v = -p_v (z_v - sum_u p_u z_u), so nothing (B, T, V) is saved.
+    logits: (B, T, V). chunk_size: tokens per block; None: `block_rows`.
+    Returns (B, T) float32 (float64 for float64 logits); backward recomputes the softmax per block.
     """
-    return _ChunkedEntropy.apply(logits, _chunk_rows(chunk_size, logits.shape[-1]))
+    labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
+    rows = chunk_size or block_rows(labels.numel(), logits.shape[-1])
+    return _LogProbEntropy.apply(logits, labels, float(temperature), rows, True)[1]
 
 
 def sum_pi_squared_from_logits(logits: Tensor) -> Tensor:

@@ -28,8 +28,13 @@ def resolve_strategy(strategy: Strategy, cuda_available: bool) -> Literal["ddp",
     return strategy
 
 
-def make_accelerator(strategy: Strategy = "auto", mixed_precision: str = "no") -> Accelerator:
-    """An Accelerator for this process (torch.distributed env vars are set by the runtime)."""
+def make_accelerator(strategy: Strategy = "auto") -> Accelerator:
+    """An Accelerator for this process (torch.distributed env vars are set by the runtime).
+
+    Precision is not Accelerate's business here: its `mixed_precision` only autocasts (no fp32
+    masters for a model loaded in bf16) and under FSDP2 reduces gradients in bf16. The trainer
+    autocasts itself (rlhf.workers.precision).
+    """
     cuda = torch.cuda.is_available()
     chosen = resolve_strategy(strategy, cuda)
     if chosen == "fsdp":
@@ -41,5 +46,5 @@ def make_accelerator(strategy: Strategy = "auto", mixed_precision: str = "no") -
             auto_wrap_policy="transformer_based_wrap",
             state_dict_type="FULL_STATE_DICT",
         )
-        return Accelerator(fsdp_plugin=plugin, mixed_precision=mixed_precision)
-    return Accelerator(cpu=not cuda, mixed_precision=mixed_precision if cuda else "no")
+        return Accelerator(fsdp_plugin=plugin)
+    return Accelerator(cpu=not cuda)

@@ -17,6 +17,7 @@ from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
 from rlhf.models.loading import resolve_model_path
 from rlhf.workers.accelerator import Strategy
+from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
 
@@ -47,14 +48,16 @@ class CriticWorker:
         optimizer: OptimizerFactory = torch.optim.AdamW,
         lr_scheduler: SchedulerFactory | None = None,
         strategy: Strategy = "auto",
-        dtype: str = "float32",  # weights' dtype
-        mixed_precision: str = "no",  # "bf16" / "fp16" autocast on GPUs; ignored on CPU
+        dtype: DType = "float32",  # storage of the critic's weights: float32 (master weights; it is trained)
+        compute_dtype: DType = "float32",  # matmuls under autocast; "bfloat16" on GPUs
+        gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, more compute
         micro_batch_size: int = 64,
         mini_batches: int = 1,
         epochs: int = 1,
         grad_clip: float | None = 1.0,
         seed: int = 0,
     ):
+        check_trainable_precision("CriticWorker", dtype, compute_dtype)
         self.value_loss = value_loss if value_loss is not None else ClippedValueLoss()
         self.trainer = ModelTrainer(
             load_value_model(model_path, dtype),
@@ -65,13 +68,16 @@ class CriticWorker:
             mini_batches=mini_batches,
             epochs=epochs,
             grad_clip=grad_clip,
-            mixed_precision=mixed_precision,
+            compute_dtype=compute_dtype,
+            gradient_checkpointing=gradient_checkpointing,
             prefix="critic",
         )
         torch.manual_seed(seed + self.trainer.rank)
 
     @staticmethod
     def preflight(arguments: dict) -> None:
+        check_trainable_precision("CriticWorker", arguments.get("dtype", "float32"),
+                                  arguments.get("compute_dtype", "float32"))
         if isinstance(arguments.get("model_path"), str):
             resolve_model_path(arguments["model_path"])
 
@@ -80,9 +86,12 @@ class CriticWorker:
     def compute_values(self, batch: Batch) -> Batch:
         """`values` (B,T) before this step's critic update."""
         self.trainer.model.eval()
-        batch = batch.to(self.trainer.device)
-        parts = [response_values(self.trainer.model, mb) for mb in batch.split(self.trainer.micro_batch_size)]
-        return Batch({"values": torch.cat(parts).cpu()})
+
+        def forward(micro: Batch) -> torch.Tensor:
+            with self.trainer.autocast():
+                return response_values(self.trainer.model, micro)
+
+        return Batch({"values": self.trainer.map_micro_batches(batch, forward)})
 
     @shard_exact
     def update(self, batch: Batch) -> dict[str, float]:
@@ -94,8 +103,8 @@ class CriticWorker:
             loss, raw = self.value_loss(
                 values, micro["values"], micro["returns"], micro["response_mask"], num_tokens=num_tokens, num_seqs=num_seqs
             )
-            metrics = {f"critic/{k}": float(v) for k, v in raw.items()}
-            metrics["critic/vpred_mean"] = float(masked_mean(values.detach(), micro["response_mask"]))
+            metrics = {f"critic/{k}": v for k, v in raw.items()}
+            metrics["critic/vpred_mean"] = masked_mean(values.detach(), micro["response_mask"])
             return loss, metrics
 
         out = self.trainer.update(batch, micro_loss)

@@ -4,6 +4,8 @@ An objective receives the trainer's per-token log-probs (B,T) and entropy (B,T) 
 response tokens, the micro-batch, and the GLOBAL token/sequence counts of the mini-batch
 (over all data-parallel ranks and micro-batches), so that summing the micro-batch losses
 over ranks reproduces the full-batch loss exactly (see rlhf.algos.aggregation).
+Metrics are returned as 0-d device tensors: the trainer brings them to the host once per
+update, not once per micro-batch (each `float(tensor)` on a GPU is a host sync).
 """
 
 from __future__ import annotations
@@ -12,6 +14,10 @@ import torch
 
 from rlhf.algos import KLLoss, PPOClipLoss, token_mean
 from rlhf.batch import Batch
+
+
+def _detached(value: torch.Tensor | float) -> torch.Tensor | float:
+    return value.detach() if isinstance(value, torch.Tensor) else value
 
 
 class PolicyObjective:
@@ -37,16 +43,16 @@ class PolicyObjective:
 
     def __call__(
         self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = batch["response_mask"]
         # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.
         old = batch["old_log_probs"] if "old_log_probs" in batch else log_probs.detach()
         loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, num_tokens=num_tokens, num_seqs=num_seqs)
-        metrics = {f"actor/{k}": float(v) for k, v in raw.items()}
+        metrics = {f"actor/{k}": _detached(v) for k, v in raw.items()}
         if self.kl_loss is not None:
             kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, num_tokens=num_tokens, num_seqs=num_seqs)
             loss = loss + kl
-            metrics.update({f"actor/{k}": float(v) for k, v in kl_raw.items()})
+            metrics.update({f"actor/{k}": _detached(v) for k, v in kl_raw.items()})
         if entropy is not None and self.entropy_coef:
             loss = loss - self.entropy_coef * token_mean(entropy, mask, num_tokens=num_tokens)
         return loss, metrics
@@ -60,8 +66,8 @@ class SFTObjective:
 
     def __call__(
         self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = batch["response_mask"]
         loss = token_mean(-log_probs, mask, num_tokens=num_tokens)
-        local = float((-log_probs.detach() * mask).sum() / mask.sum().clamp(min=1))
+        local = (-log_probs.detach() * mask).sum() / mask.sum().clamp(min=1)
         return loss, {"sft/loss": local}

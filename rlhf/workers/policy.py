@@ -13,13 +13,14 @@ from collections.abc import Callable
 
 import torch
 
-from rlhf.algos import entropy_from_logits, log_probs_from_logits
+from rlhf.algos import log_probs_and_entropy
 from rlhf.batch import Batch
 from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.accelerator import Strategy, resolve_strategy
+from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
 
@@ -28,18 +29,18 @@ def response_log_probs(
     model: torch.nn.Module,
     batch: Batch,
     temperature: float,
-    entropy: str = "none",
+    with_entropy: bool = False,
     shared_prefix: bool = False,
     prefix_model: torch.nn.Module | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None.
+    """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None, in float32.
 
-    Logits are computed only for response positions (`logits_to_keep`). entropy: "grad"
-    keeps it in the autograd graph (an entropy bonus), "metric" computes it detached from
-    the same logits, "none" skips it. `shared_prefix`: encode each distinct prompt once for
-    all its rows (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper
-    when the n samples of a group share a long prompt); `prefix_model` is the unwrapped
-    module under DDP.
+    Logits are computed only for response positions (`logits_to_keep`) and stay in the
+    model's compute dtype: the temperature and the float32 cast happen block by block inside
+    `log_probs_and_entropy`, never on the whole (B,T,V) tensor. The entropy is differentiable;
+    detach it for a metric. `shared_prefix`: encode each distinct prompt once for all its rows
+    (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper when the n samples
+    of a group share a long prompt); `prefix_model` is the unwrapped module under DDP.
     """
     responses = batch["responses"]
     if shared_prefix:
@@ -53,14 +54,7 @@ def response_log_probs(
             logits_to_keep=responses.shape[1] + 1,
             use_cache=False,
         ).logits[:, :-1, :]
-    logits = logits.float() / temperature
-    log_probs = log_probs_from_logits(logits, responses)
-    if entropy == "grad":
-        return log_probs, entropy_from_logits(logits)
-    if entropy == "metric":
-        with torch.no_grad():
-            return log_probs, entropy_from_logits(logits.detach())
-    return log_probs, None
+    return log_probs_and_entropy(logits, responses, temperature=temperature, with_entropy=with_entropy)
 
 
 class PolicyWorker:
@@ -75,9 +69,10 @@ class PolicyWorker:
         ref_model_path: str | None = None,  # frozen reference policy for KL; None: no reference
         engine: Callable[..., object] = HFEngine,  # called as engine(model, tokenizer)
         strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs
-        dtype: str = "float32",  # weights' dtype
-        mixed_precision: str = "no",  # "bf16" / "fp16" autocast on GPUs; ignored on CPU
+        dtype: DType = "float32",  # storage of the policy's weights: float32 when trained (master weights)
+        compute_dtype: DType = "float32",  # matmuls (autocast) and the reference model's storage; "bfloat16" on GPUs
         micro_batch_size: int = 64,  # rows per forward/backward (gradient accumulation below it)
+        gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, ~30% more compute
         mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
         grad_clip: float | None = 1.0,  # max global gradient norm; None: no clipping
@@ -85,6 +80,8 @@ class PolicyWorker:
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
         seed: int = 0,
     ):
+        if objective is not None:
+            check_trainable_precision("PolicyWorker", dtype, compute_dtype)
         if getattr(objective, "needs_ref", False) and ref_model_path is None:
             raise ValueError(
                 "the policy objective has a KL loss against a reference policy, but PolicyWorker.ref_model_path "
@@ -103,22 +100,33 @@ class PolicyWorker:
             mini_batches=mini_batches,
             epochs=epochs,
             grad_clip=grad_clip,
-            mixed_precision=mixed_precision,
+            compute_dtype=compute_dtype,
+            gradient_checkpointing=gradient_checkpointing,
             prefix="actor",
         )
         torch.manual_seed(seed + self.trainer.rank)
         self.ref_model = None
         if ref_model_path is not None:
-            self.ref_model = load_causal_lm(ref_model_path, dtype).to(self.trainer.device).eval()
+            self.ref_model = load_causal_lm(ref_model_path, compute_dtype).to(self.trainer.device).eval()
             self.ref_model.requires_grad_(False)
         self.engine = engine(self.trainer.unwrapped(), self.tokenizer)
-        # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet.
+        # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
+        # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
         fsdp = resolve_strategy(strategy, torch.cuda.is_available()) == "fsdp"
-        self.shared_prefix = (not fsdp) if shared_prefix is None else shared_prefix
+        if shared_prefix is None:
+            shared_prefix = not fsdp and not gradient_checkpointing
+        elif shared_prefix and gradient_checkpointing:
+            raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
+                             "turns off in training; set one of them to False")
+        self.shared_prefix = shared_prefix
 
     @staticmethod
     def preflight(arguments: dict) -> None:
-        """Before any stage runs: every model path given as a string must resolve (see rlhf.config.validate)."""
+        """Before any stage runs (see rlhf.config.validate): every model path given as a string must
+        resolve, and a trained policy must keep fp32 master weights."""
+        if arguments.get("objective") is not None:
+            check_trainable_precision("PolicyWorker", arguments.get("dtype", "float32"),
+                                      arguments.get("compute_dtype", "float32"))
         for key in ("model_path", "ref_model_path"):
             if isinstance(arguments.get(key), str):
                 resolve_model_path(arguments[key])
@@ -127,16 +135,19 @@ class PolicyWorker:
     @shard
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """Responses for this rank's prompts (n per prompt), with the engine's log-probs."""
-        return self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
+        with self.trainer.autocast():
+            return self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
     def _log_probs_batched(self, model: torch.nn.Module, batch: Batch, key: str) -> Batch:
-        batch = batch.to(self.trainer.device)
         temperature = batch.meta.get("temperature", 1.0)
-        parts = [response_log_probs(model, mb, temperature, shared_prefix=self.shared_prefix)[0]
-                 for mb in batch.split(self.trainer.micro_batch_size)]
-        return Batch({key: torch.cat(parts).cpu()})
+
+        def forward(micro: Batch) -> torch.Tensor:
+            with self.trainer.autocast():
+                return response_log_probs(model, micro, temperature, shared_prefix=self.shared_prefix)[0]
+
+        return Batch({key: self.trainer.map_micro_batches(batch, forward)})
 
     @shard
     def compute_log_probs(self, batch: Batch) -> Batch:
@@ -166,15 +177,17 @@ class PolicyWorker:
             batch = batch.union(self._log_probs_batched(self.ref_model, batch, "ref_log_probs"))  # see requirements
             ref_seconds = time.perf_counter() - start
         temperature = batch.meta.get("temperature", 1.0)
-        mode = "grad" if getattr(self.objective, "needs_entropy_grad", False) else "metric"
+        entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
         unwrapped = self.trainer.unwrapped()
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
-            log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, mode,
+            log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
                                                     shared_prefix=self.shared_prefix, prefix_model=unwrapped)
-            loss, metrics = self.objective(log_probs, entropy, micro, num_tokens=num_tokens, num_seqs=num_seqs)
+            entropy_metric = entropy.detach()
+            loss, metrics = self.objective(log_probs, entropy if entropy_grad else entropy_metric, micro,
+                                           num_tokens=num_tokens, num_seqs=num_seqs)
             mask = micro["response_mask"]
-            metrics["actor/entropy"] = float((entropy.detach() * mask).sum() / mask.sum().clamp(min=1))
+            metrics["actor/entropy"] = (entropy_metric * mask).sum() / mask.sum().clamp(min=1)
             return loss, metrics
 
         out = self.trainer.update(batch, micro_loss)

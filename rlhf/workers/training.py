@@ -6,6 +6,8 @@ accumulation. Every loss is normalised by the GLOBAL token and sequence counts o
 mini-batch (summed over ranks) and multiplied by the world size, because DDP averages
 gradients: the update then equals one process's update on the whole global batch.
 A step whose gradient norm is not finite is skipped, so NaN/Inf never reach the weights.
+Forwards run under the compute dtype's autocast (rlhf.workers.precision); the weights and
+optimizer state stay in the dtype the model was loaded in (float32 for trained models).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ import torch
 
 from rlhf.batch import Batch
 from rlhf.workers.accelerator import Strategy, make_accelerator
+from rlhf.workers.precision import DType, autocast, torch_dtype
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
+Metric = torch.Tensor | float  # a 0-d device tensor (no host sync) or a Python number
 # (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens)
-MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, float]]]
+MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, Metric]]]
 
 
 class ModelTrainer:
@@ -44,9 +48,10 @@ class ModelTrainer:
         epochs: int = 1,
         grad_clip: float | None = 1.0,
         prefix: str = "actor",  # metric namespace: actor/grad_norm, critic/grad_norm ...
-        mixed_precision: str = "no",  # "bf16" / "fp16" autocast where the device supports it (GPUs)
+        compute_dtype: DType = "float32",  # matmuls under autocast in this dtype; weights stay as loaded
+        gradient_checkpointing: bool = False,  # recompute activations in backward (Hugging Face models)
     ):
-        self.accelerator = make_accelerator(strategy, mixed_precision)
+        self.accelerator = make_accelerator(strategy)
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.micro_batch_size = micro_batch_size
@@ -54,7 +59,13 @@ class ModelTrainer:
         self.epochs = epochs
         self.grad_clip = grad_clip
         self.prefix = prefix
+        self.compute_dtype = compute_dtype
+        torch_dtype(compute_dtype, "compute_dtype")
         self.skipped_steps = 0
+        if gradient_checkpointing:
+            if not hasattr(model, "gradient_checkpointing_enable"):
+                raise ValueError(f"gradient_checkpointing=True needs a Hugging Face model; got {type(model).__name__}")
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if optimizer is not None:
             trainable = [p for p in model.parameters() if p.requires_grad]  # frozen weights get no optimizer state
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer(trainable))
@@ -72,38 +83,58 @@ class ModelTrainer:
     def unwrapped(self) -> torch.nn.Module:
         return self.accelerator.unwrap_model(self.model)
 
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """The compute-dtype context every forward of this trainer's models runs in."""
+        return autocast(self.device, self.compute_dtype)
+
     def global_sum(self, value: float) -> float:
         if self.world_size == 1:
             return value
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         return float(self.accelerator.reduce(t, reduction="sum").item())
 
+    def micro_batches(self, batch: Batch) -> list[Batch]:
+        """`batch` (on the host) cut into the micro-batches one forward/backward processes."""
+        return batch.split(self.micro_batch_size)
+
+    def map_micro_batches(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
+        """`forward` on every micro-batch (moved to the device); the (rows, ...) results on the host."""
+        parts = [forward(micro.to(self.device)) for micro in self.micro_batches(batch)]
+        return torch.cat(parts).cpu()
+
     def update(self, batch: Batch, micro_loss: MicroLoss) -> dict[str, float]:
-        """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics."""
+        """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics.
+
+        Token and sequence counts come from the host copy of the batch and metrics are summed
+        on the device, so the loop's only host syncs are the gradient-norm check per optimizer
+        step and one transfer of all metrics at the end.
+        """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
         self.model.train()
-        batch = batch.to(self.device)
-        sums: dict[str, float] = defaultdict(float)
+        batch = batch.to("cpu")
+        sums: dict[str, Metric] = {}
         weights: dict[str, float] = defaultdict(float)
         mini_size = math.ceil(len(batch) / self.mini_batches)
-        grad_norms, skipped = [], 0
+        grad_norms: list[float] = []
+        skipped = 0
         for _ in range(self.epochs):
             for mini in batch.split(mini_size):
                 num_tokens = self.global_sum(float(mini["response_mask"].sum()))
                 num_seqs = self.global_sum(float(len(mini)))
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = mini.split(self.micro_batch_size)
+                micros = self.micro_batches(mini)
                 for i, micro in enumerate(micros):
+                    tokens = float(micro["response_mask"].sum())
                     last = i == len(micros) - 1
                     with contextlib.nullcontext() if last else self.accelerator.no_sync(self.model):
-                        loss, metrics = micro_loss(micro, num_tokens, num_seqs)
+                        with self.autocast():
+                            loss, metrics = micro_loss(micro.to(self.device), num_tokens, num_seqs)
                         self.accelerator.backward(loss * self.world_size)
-                    tokens = float(micro["response_mask"].sum())
                     for k, v in metrics.items():
-                        sums[k] += v * tokens
+                        sums[k] = sums.get(k, 0.0) + v * tokens
                         weights[k] += tokens
-                grad_norm = self._clip_grad()
+                grad_norm = float(self._clip_grad())  # the one host sync per optimizer step
                 grad_norms.append(grad_norm)
                 if math.isfinite(grad_norm):
                     self.optimizer.step()
@@ -113,18 +144,19 @@ class ModelTrainer:
                 if self.scheduler is not None:
                     self.scheduler.step()
         self.skipped_steps += skipped
-        out = {k: sums[k] / max(weights[k], 1.0) for k in sums}
+        out = dict(zip(sums, _to_floats(list(sums.values()))))
+        out = {k: v / max(weights[k], 1.0) for k, v in out.items()}
         finite = [g for g in grad_norms if math.isfinite(g)]
         out[f"{self.prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
         out[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.prefix}/nonfinite_steps"] = float(skipped)
         return out
 
-    def _clip_grad(self) -> float:
+    def _clip_grad(self) -> torch.Tensor:
         if self.grad_clip is None:
-            norms = [p.grad.norm() for p in self.model.parameters() if p.grad is not None]
-            return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
-        return float(self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip))
+            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+        return self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
 
     # ------------------------------------------------------------ state I/O
     def save_pretrained(self, path: str, tokenizer=None) -> str:
@@ -193,3 +225,10 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _to_floats(values: list[Metric]) -> list[float]:
+    """Python floats from a mix of numbers and device tensors, with one transfer for the tensors."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    host = iter(torch.stack([t.detach().float() for t in tensors]).tolist()) if tensors else iter(())
+    return [next(host) if isinstance(v, torch.Tensor) else float(v) for v in values]

@@ -8,8 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhf.algos.logprobs import (
+    block_rows,
     entropy_from_logits,
     entropy_from_logits_chunked,
+    log_probs_and_entropy,
     log_probs_from_logits,
     sum_pi_squared_from_logits,
 )
@@ -94,3 +96,59 @@ def test_extreme_logits_stay_finite():
     # float32 spacing at 3e4 is ~2e-3, hence the tolerance
     torch.testing.assert_close(lp, torch.tensor([[-2e4, math.log(0.5)]]), atol=5e-3, rtol=0)
     assert torch.isfinite(h).all() and torch.isfinite(logits.grad).all()
+
+
+@settings(max_examples=25)
+@given(st.integers(1, 40), st.integers(2, 9), st.sampled_from([0.3, 1.0, 2.5]), st.integers(0, 2**31 - 1))
+def test_joint_log_probs_and_entropy_with_temperature_match_autograd(N, V, tau, seed):
+    # both outputs in one loss: the joint backward must equal autograd through log_softmax(z / tau)
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(N, 1, V, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    labels = torch.randint(0, V, (N, 1), generator=g)
+    u_lp, u_h = torch.randn(N, 1, generator=g, dtype=torch.float64), torch.randn(N, 1, generator=g, dtype=torch.float64)
+    lp, h = log_probs_and_entropy(logits, labels, temperature=tau, with_entropy=True, max_block_elements=2 * V)
+    grad = torch.autograd.grad((lp * u_lp + h * u_h).sum(), logits)[0]
+    z = logits / tau
+    ref_lp = torch.log_softmax(z, -1).gather(-1, labels[..., None]).squeeze(-1)
+    ref_h = entropy_from_logits(z)
+    ref_grad = torch.autograd.grad((ref_lp * u_lp + ref_h * u_h).sum(), logits, retain_graph=True)[0]
+    torch.testing.assert_close(lp, ref_lp)
+    torch.testing.assert_close(h, ref_h)
+    torch.testing.assert_close(grad, ref_grad)
+    # the entropy detached (a metric) leaves the log-prob gradient unchanged
+    lp2, h2 = log_probs_and_entropy(logits, labels, temperature=tau, with_entropy=True)
+    grad2 = torch.autograd.grad((lp2 * u_lp).sum() + 0 * h2.detach().sum(), logits)[0]
+    ref_grad2 = torch.autograd.grad((ref_lp * u_lp).sum(), logits)[0]
+    torch.testing.assert_close(grad2, ref_grad2)
+
+
+@given(st.integers(1, 10**6), st.integers(1, 200_000), st.integers(1, 2**26))
+def test_block_rows_bounds_memory_and_launches(rows, vocab, budget):
+    r = block_rows(rows, vocab, budget)
+    assert 1 <= r <= max(1, -(-rows // 4))  # never a block as large as the input (beyond 4 rows)
+    assert r * vocab <= budget or r == 1  # within the memory budget unless one row exceeds it
+    blocks = -(-rows // r)
+    # launches: a constant 4 until the budget binds, then proportional to the bytes moved
+    assert blocks <= max(4, 2 * -(-rows * vocab // budget) + 1)
+
+
+def test_bf16_logits_are_never_copied_whole_to_float32():
+    # 4096 tokens x 1000 vocabulary in bf16: the largest float32 tensor allocated must be a block
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LargestFloat32(TorchDispatchMode):
+        largest = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.dtype == torch.float32:
+                    LargestFloat32.largest = max(LargestFloat32.largest, t.numel())
+            return out
+
+    logits = torch.randn(8, 512, 1000).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, 1000, (8, 512))
+    with LargestFloat32():
+        lp, h = log_probs_and_entropy(logits, labels, temperature=0.7, with_entropy=True)
+        (lp.sum() + h.sum()).backward()
+    assert LargestFloat32.largest <= logits.numel() // 4
