@@ -12,3 +12,15 @@ from hypothesis import settings
 torch.set_num_threads(1)
 settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60)
 settings.load_profile("ci")
+
+
+def pytest_collection_modifyitems(config, items):
+    """`gpu` tests skip where there is no CUDA device, with the reason in the report."""
+    import pytest
+
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu); run on a GPU machine")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

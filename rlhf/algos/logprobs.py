@@ -10,8 +10,8 @@ temperature, `logsumexp` and the picked logit (and, if asked, the entropy) are c
 it, and only the (N,) statistics are saved; backward recomputes the softmax block by block.
 The largest float32 temporary is one block.
 
-Block size: a memory budget (`max_block_elements`, default 2**24 float32 elements = 64 MiB,
-thousands of rows at small vocabularies, ~110 at 152k) and at most a quarter of the rows, so
+Block size: a memory budget (`max_block_elements`, default 2**24 float32 elements = 64 MiB on
+a CPU, ~110 rows at 152k; 2**28 = 1 GiB on a GPU, ~1,770 rows) and at most a quarter of the rows, so
 no block is ever as large as the input. The number of blocks -- hence of kernel launches --
 is at most max(4, N*V / budget): it does not grow with N until the budget binds, and then
 every launch moves tens of MB. (An older rule, 2**19 elements tuned for a CPU cache, meant 3
@@ -23,7 +23,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-MAX_BLOCK_ELEMENTS = 2**24  # float32 elements per block (64 MiB): the temporaries' memory budget
+MAX_BLOCK_ELEMENTS = 2**24  # float32 elements per block (64 MiB): the temporaries' memory budget on a CPU
+MAX_BLOCK_ELEMENTS_GPU = 2**28  # 1 GiB: ~1,770 rows at 152k, a few launches per micro-batch on a GPU
 MIN_BLOCKS = 4  # blocks per call at least, so a block's float32 copy is <= 1/4 of the logits
 
 
@@ -101,13 +102,18 @@ class _LogProbEntropy(torch.autograd.Function):
         return grad.reshape(logits.shape), None, None, None, None
 
 
+def default_block_elements(device: torch.device) -> int:
+    """The float32 temporaries' budget on `device`: small on a CPU (cache), large on a GPU (launches)."""
+    return MAX_BLOCK_ELEMENTS_GPU if torch.device(device).type == "cuda" else MAX_BLOCK_ELEMENTS
+
+
 def log_probs_and_entropy(
     logits: Tensor,
     labels: Tensor,
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
-    max_block_elements: int = MAX_BLOCK_ELEMENTS,
+    max_block_elements: int | None = None,  # None: default_block_elements(logits.device)
 ) -> tuple[Tensor, Tensor | None]:
     """log pi(y_t) and H(pi_t) per token, pi = softmax(logits / temperature), in one blocked pass.
 
@@ -116,7 +122,8 @@ def log_probs_and_entropy(
     (float64 for float64 logits), both differentiable w.r.t. logits; detach the entropy
     to use it as a metric only (its backward then costs nothing extra).
     """
-    rows = block_rows(labels.numel(), logits.shape[-1], max_block_elements)
+    budget = max_block_elements or default_block_elements(logits.device)
+    rows = block_rows(labels.numel(), logits.shape[-1], budget)
     return _LogProbEntropy.apply(logits, labels, float(temperature), rows, with_entropy)
 
 
@@ -130,7 +137,7 @@ def log_probs_from_logits(
     Returns (B, T) float32 (float64 for float64 logits), differentiable w.r.t. logits
     without keeping a (B, T, V) log-softmax copy for backward.
     """
-    rows = chunk_size or block_rows(labels.numel(), logits.shape[-1])
+    rows = chunk_size or block_rows(labels.numel(), logits.shape[-1], default_block_elements(logits.device))
     return _LogProbEntropy.apply(logits, labels, float(temperature), rows, False)[0]
 
 
@@ -151,7 +158,7 @@ def entropy_from_logits_chunked(logits: Tensor, chunk_size: int | None = None, *
     Returns (B, T) float32 (float64 for float64 logits); backward recomputes the softmax per block.
     """
     labels = torch.zeros(logits.shape[:-1], dtype=torch.long, device=logits.device)
-    rows = chunk_size or block_rows(labels.numel(), logits.shape[-1])
+    rows = chunk_size or block_rows(labels.numel(), logits.shape[-1], default_block_elements(logits.device))
     return _LogProbEntropy.apply(logits, labels, float(temperature), rows, True)[1]
 
 

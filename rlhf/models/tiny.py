@@ -56,6 +56,7 @@ def tiny_qwen2(
     intermediate_size: int = 256,
     max_position_embeddings: int = 512,
     seed: int = 0,
+    vocab_size: int | None = None,  # None: the byte tokenizer's size; larger (e.g. Qwen's 151,936) for cost studies
 ) -> str:
     """Write a randomly initialised tiny Qwen2 model + tokenizer to `path` (once) and return it.
 
@@ -67,7 +68,7 @@ def tiny_qwen2(
         return str(target)
     tok = byte_level_qwen2_tokenizer()
     config = Qwen2Config(
-        vocab_size=len(tok),
+        vocab_size=vocab_size or len(tok),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

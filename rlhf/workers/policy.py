@@ -32,6 +32,7 @@ def response_log_probs(
     with_entropy: bool = False,
     shared_prefix: bool = False,
     prefix_model: torch.nn.Module | None = None,
+    block_elements: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None, in float32.
 
@@ -40,7 +41,8 @@ def response_log_probs(
     `log_probs_and_entropy`, never on the whole (B,T,V) tensor. The entropy is differentiable;
     detach it for a metric. `shared_prefix`: encode each distinct prompt once for all its rows
     (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper when the n samples
-    of a group share a long prompt); `prefix_model` is the unwrapped module under DDP.
+    of a group share a long prompt); `prefix_model` is the unwrapped module under DDP;
+    `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device).
     """
     responses = batch["responses"]
     if shared_prefix:
@@ -54,7 +56,8 @@ def response_log_probs(
             logits_to_keep=responses.shape[1] + 1,
             use_cache=False,
         ).logits[:, :-1, :]
-    return log_probs_and_entropy(logits, responses, temperature=temperature, with_entropy=with_entropy)
+    return log_probs_and_entropy(logits, responses, temperature=temperature, with_entropy=with_entropy,
+                                 max_block_elements=block_elements)
 
 
 class PolicyWorker:
@@ -73,6 +76,7 @@ class PolicyWorker:
         compute_dtype: DType = "float32",  # matmuls (autocast) and the reference model's storage; "bfloat16" on GPUs
         micro_batch_size: int = 64,  # rows per forward/backward (gradient accumulation below it)
         gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, ~30% more compute
+        logits_block_elements: int | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
         mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
         grad_clip: float | None = 1.0,  # max global gradient norm; None: no clipping
@@ -119,6 +123,7 @@ class PolicyWorker:
             raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
                              "turns off in training; set one of them to False")
         self.shared_prefix = shared_prefix
+        self.logits_block_elements = logits_block_elements
 
     @staticmethod
     def preflight(arguments: dict) -> None:
@@ -145,7 +150,8 @@ class PolicyWorker:
 
         def forward(micro: Batch) -> torch.Tensor:
             with self.trainer.autocast():
-                return response_log_probs(model, micro, temperature, shared_prefix=self.shared_prefix)[0]
+                return response_log_probs(model, micro, temperature, shared_prefix=self.shared_prefix,
+                                          block_elements=self.logits_block_elements)[0]
 
         return Batch({key: self.trainer.map_micro_batches(batch, forward)})
 
@@ -182,7 +188,8 @@ class PolicyWorker:
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
-                                                    shared_prefix=self.shared_prefix, prefix_model=unwrapped)
+                                                    shared_prefix=self.shared_prefix, prefix_model=unwrapped,
+                                                    block_elements=self.logits_block_elements)
             entropy_metric = entropy.detach()
             loss, metrics = self.objective(log_probs, entropy if entropy_grad else entropy_metric, micro,
                                            num_tokens=num_tokens, num_seqs=num_seqs)

@@ -82,6 +82,8 @@ def test_policy_worker_trains_only_the_adapter_and_saves_merged_and_adapter(tmp_
     assert (tmp_path / "final-adapter").is_dir()
     merged = AutoModelForCausalLM.from_pretrained(out)
     with torch.no_grad():
-        mine = worker.trainer.unwrapped()(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        on_device = batch.to(worker.trainer.device)  # the worker's model is on its GPU where there is one
+        mine = worker.trainer.unwrapped()(input_ids=on_device["input_ids"],
+                                          attention_mask=on_device["attention_mask"]).logits.cpu()
         theirs = merged(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     assert torch.allclose(mine, theirs, atol=1e-4)

@@ -1,6 +1,7 @@
 """Strategy choice: auto is DDP on CPU and FSDP on GPU; FSDP on a CPU is refused, not downgraded."""
 
 import pytest
+import torch
 
 from rlhf.workers.accelerator import make_accelerator, resolve_strategy
 
@@ -13,11 +14,12 @@ def test_resolve_strategy(strategy, cuda, expected):
     assert resolve_strategy(strategy, cuda) == expected
 
 
-def test_fsdp_on_cpu_is_a_clear_error():
+def test_fsdp_on_cpu_is_a_clear_error(monkeypatch):
     with pytest.raises(ValueError, match="needs GPUs.*silently fall back to DDP"):
         resolve_strategy("fsdp", False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # as on a CPU machine, also where CUDA exists
     with pytest.raises(ValueError, match="needs GPUs"):
-        make_accelerator("fsdp")  # this machine has no GPU
+        make_accelerator("fsdp")
 
 
 def test_unknown_strategy():

@@ -77,7 +77,7 @@ def test_shared_prefix_log_probs_and_update_equal_full_forwards():
     """The shared-prompt forward (the default) changes cost, not results: same log-probs, same step."""
     sgd = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731  (Adam's first step amplifies rounding)
     shared, full = grpo_worker(shared_prefix=True, optimizer=sgd), grpo_worker(shared_prefix=False, optimizer=sgd)
-    assert grpo_worker().shared_prefix is True  # the default on CPU
+    assert grpo_worker(strategy="ddp").shared_prefix is True  # the default except under FSDP (GPUs' default)
     batch = scored_rollout(full, prompts=3, n=4)  # 4 rows share each prompt; micro-batches of 4 cut groups unevenly
     for method, key in [("compute_log_probs", "old_log_probs"), ("compute_ref_log_probs", "ref_log_probs")]:
         a, b = getattr(shared, method)(batch)[key], getattr(full, method)(batch)[key]
