@@ -219,7 +219,7 @@ def proxy_update(path: str, shape: Shape, block_elements: int, shared_prefix: bo
             "fp32_temp_fraction": ours.largest_fp32 / micro_logits, "changed_fraction": changed}
 
 
-def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16) -> dict:
+def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16, with_shared_prefix: bool = True) -> dict:
     """The proxies at Qwen's vocabulary divided by `vocab_scale`, with the log-prob memory budget
     divided by the same factor (see `main`'s --vocab-scale: the counts do not change)."""
     from rlhf.algos.logprobs import MAX_BLOCK_ELEMENTS
@@ -229,7 +229,8 @@ def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16) -> di
     path = build_model(shape, root)
     budget = MAX_BLOCK_ELEMENTS // vocab_scale
     rows = [proxy_update(path, dataclasses.replace(shape, new_tokens=r), budget) for r in response_tokens]
-    shared = proxy_update(path, dataclasses.replace(shape, new_tokens=response_tokens[-1]), budget, shared_prefix=True)
+    shared = (proxy_update(path, dataclasses.replace(shape, new_tokens=response_tokens[-1]), budget, shared_prefix=True)
+              if with_shared_prefix else None)
     largest = max(rows, key=lambda r: r["response_tokens"])
     checks = {
         **{f"op_ratio@{r['response_tokens']}": (r["op_ratio"], r["op_ratio"] <= TARGETS["op_ratio_max"]) for r in rows},
@@ -243,7 +244,7 @@ def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16) -> di
 
 def print_proxy(result: dict) -> None:
     print(f"{'R':>4} {'shared prefix':>13} {'ops ours':>9} {'ops ref':>8} {'ratio':>6} {'fp32 temp / micro logits':>25}")
-    for r in [*result["rows"], result["shared_prefix_row"]]:
+    for r in [*result["rows"], *filter(None, [result["shared_prefix_row"]])]:
         print(f"{r['response_tokens']:>4} {str(r['shared_prefix']):>13} {r['ops_ours']:>9} {r['ops_reference']:>8} "
               f"{r['op_ratio']:>6.2f} {r['fp32_temp_fraction']:>25.3f}")
     print(f"vocabulary {result['rows'][0]['vocab']} (Qwen's / {result['vocab_scale']}, budget scaled alike); "

@@ -27,7 +27,7 @@ def _gpu_step():
 @pytest.mark.slow
 def test_proxy_meets_the_targets(tmp_path):
     gpu_step = _gpu_step()
-    result = gpu_step.run_proxy(str(tmp_path / "models"))
+    result = gpu_step.run_proxy(str(tmp_path / "models"), with_shared_prefix=False)
     failed = {k: v for k, (v, ok) in result["checks"].items() if not ok}
     assert result["ok"], f"missed targets {failed}; all: {result['rows']}"
     # the ratio must not grow with the response length (it did: 2.9x at 32 tokens, 5.4x at 128)
