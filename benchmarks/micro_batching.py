@@ -7,7 +7,9 @@ built locally, one thread, the three ways alternating per repetition, medians re
   rows:   `batch.split(micro_batch_size)`: every micro-batch padded to the batch's P + R
   tokens: `split_by_tokens(batch, micro_batch_size * (P + R))`: the same padded-size ceiling,
           rows grouped by length, each micro-batch trimmed
-  packed: the same token micro-batches, each packed into one row (`pack`), no padding at all
+  tokens_rows: the same with `keep_groups=False`: rows placed by length alone, a GRPO group
+          may be split (what a shared-prompt forward would then encode more than once)
+  packed: the token micro-batches, each packed into one row (`pack`), no padding at all
 
 `--balance` instead measures the partitions of rows over ranks (rlhf.workers.balance):
 max rank tokens / mean - 1 for contiguous shards, greedy LPT and Karmarkar-Karp over rows, and
@@ -86,9 +88,10 @@ def bench_micro_batches(args: argparse.Namespace) -> dict:
     budget = args.micro_batch_size * width
     rows = batch.split(args.micro_batch_size)
     split = split_by_tokens(batch, budget)
+    free = split_by_tokens(batch, budget, keep_groups=False)
     packs = [pack(micro) for micro in split.parts]
     runs = {"rows": lambda: step_padded(model, rows), "tokens": lambda: step_padded(model, split.parts),
-            "packed": lambda: step_packed(model, packs)}
+            "tokens_rows": lambda: step_padded(model, free.parts), "packed": lambda: step_packed(model, packs)}
     times: dict[str, list[float]] = {k: [] for k in runs}
     for rep in range(args.reps + 1):  # repetition 0 warms up and is dropped
         for name, run in runs.items():  # alternating, so drift on a shared machine hits all three alike
@@ -102,12 +105,16 @@ def bench_micro_batches(args: argparse.Namespace) -> dict:
     return {
         "shape": {"rows": len(batch), "P+R": width, "real_tokens": real, "micro_batch_size": args.micro_batch_size,
                   "max_tokens": budget, "hidden": args.hidden, "layers": args.layers},
-        "micro_batches": {"rows": len(rows), "tokens": len(split.parts), "packed": len(packs)},
+        "micro_batches": {"rows": len(rows), "tokens": len(split.parts), "tokens_rows": len(free.parts),
+                          "packed": len(packs)},
         "padded_tokens": {"rows": sum(p["input_ids"].numel() for p in rows),
-                          "tokens": sum(p["input_ids"].numel() for p in split.parts), "packed": real},
+                          "tokens": sum(p["input_ids"].numel() for p in split.parts),
+                          "tokens_rows": sum(p["input_ids"].numel() for p in free.parts), "packed": real},
         "median_s": med,
         "all_s": times,
         "ratio_vs_rows": {k: v / med["rows"] for k, v in med.items()},
+        # per repetition (the runs of one repetition are adjacent in time), then the median
+        "paired_ratio_vs_rows": {k: statistics.median(a / r for a, r in zip(v, times["rows"])) for k, v in times.items()},
     }
 
 
@@ -139,7 +146,7 @@ def main() -> None:
     parser.add_argument("--micro-batch-size", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=128)
     parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     result = bench_balance(args.seed) if args.balance else bench_micro_batches(args)

@@ -139,9 +139,9 @@ def padded_size(part):
     return part["input_ids"].shape[0] * part["input_ids"].shape[1]
 
 
-@given(ragged(), st.integers(8, 120))
-def test_split_by_tokens_properties(batch, max_tokens):
-    split = split_by_tokens(batch, max_tokens)
+@given(ragged(), st.integers(8, 120), st.booleans())
+def test_split_by_tokens_properties(batch, max_tokens, keep_groups):
+    split = split_by_tokens(batch, max_tokens, keep_groups=keep_groups)
     # every row exactly once
     assert sorted(split.order.tolist()) == list(range(len(batch)))
     assert sum(len(p) for p in split.parts) == len(batch)
@@ -183,6 +183,10 @@ def test_groups_stay_together_when_the_budget_allows():
     small = split_by_tokens(batch, max_tokens=2 * 18)
     assert all(padded_size(p) <= 2 * 18 for p in small.parts)
     assert len(small.parts) > len(split.parts)
+    # keep_groups=False places rows by length alone: less padding, groups split
+    free = split_by_tokens(batch, max_tokens=4 * 18, keep_groups=False)
+    assert sum(map(padded_size, free.parts)) < sum(map(padded_size, split.parts))
+    assert any(len(set(p["uid"])) > 1 and len(p) % 4 for p in free.parts)
 
 
 def test_a_row_over_budget_goes_alone_and_is_counted():
