@@ -15,7 +15,7 @@ built locally, one thread, the three ways alternating per repetition, medians re
 max rank tokens / mean - 1 for contiguous shards, greedy LPT and Karmarkar-Karp over rows, and
 Karmarkar-Karp over whole groups of 8 rows (what `balanced_shards` does when groups divide evenly).
 
-    PYTHONPATH=. python benchmarks/micro_batching.py            # ~1-2 min on one core
+    PYTHONPATH=. python benchmarks/micro_batching.py            # ~3-5 min on one core
     PYTHONPATH=. python benchmarks/micro_batching.py --balance  # ~1 s
 """
 
