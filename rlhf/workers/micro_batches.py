@@ -151,8 +151,8 @@ def split_by_tokens(
 
     Rows are grouped by length: units (`row_units`: a GRPO group, kept whole when it fits the
     budget, else split into rows; single rows with `keep_groups=False`) are taken longest first
-    (by response, then prompt) and placed in the first micro-batch
-    they fit (first-fit decreasing), each micro-batch trimmed (`trim_padding`). A single row
+    (by response, then prompt) and placed in the first micro-batch they fit (first-fit
+    decreasing), each micro-batch trimmed as `trim_padding` does. A single row
     wider than the budget goes into a micro-batch alone and is counted in `over_budget`.
 
     `min_micro_batches`: split the micro-batches with the most rows until there are at least
@@ -187,7 +187,7 @@ def split_by_tokens(
         prompt, response, n = -neg_p, -neg_r, len(unit)
         if n * (prompt + response) > max_tokens and n > 1:  # a group too big: place its rows one by one
             for i in unit:
-                heapq.heappush(pending, entry(unit[i - unit[0] : i - unit[0] + 1]))
+                heapq.heappush(pending, entry(np.array([i])))
             continue
         k = len(members)
         cost = (n_rows[:k] + n) * (np.maximum(wide_p[:k], prompt) + np.maximum(wide_r[:k], response))
