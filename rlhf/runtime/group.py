@@ -3,6 +3,11 @@
 `group.generate(batch, sampling)` looks up how `generate` is dispatched (see
 rlhf.workers.dispatch), shards or broadcasts the arguments over the ranks, runs the method on
 every worker and gathers the results. Subclasses only say how to run one call per rank.
+
+Shards are balanced by token count (rlhf.workers.balance) when the method allows it, the group
+has `balance` on (the default) and the Batch has an `attention_mask`: each rank gets the same
+number of rows, GRPO groups (adjacent rows with one `uid`) stay on one rank where that keeps
+the counts equal, and Batch results come back in the original row order.
 """
 
 from __future__ import annotations
@@ -11,13 +16,19 @@ import abc
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from rlhf.batch import Batch
 from rlhf.runtime.plan import GroupSpec
-from rlhf.workers.dispatch import dispatch_mode
+from rlhf.workers.balance import balanced_shards
+from rlhf.workers.dispatch import dispatch_balance, dispatch_mode
+from rlhf.workers.micro_batches import row_tokens, row_units
 
 
 class WorkerGroup(abc.ABC):
     """Calls worker methods across data-parallel ranks; subclasses implement `_run`."""
+
+    balance = True  # balance sharded calls by token count; set False on a group for contiguous shards
 
     def __init__(self, spec: GroupSpec, world_size: int):
         self.spec = spec
@@ -58,8 +69,39 @@ class WorkerGroup(abc.ABC):
                 f"{self.name}.{method} got {len(batch)} rows, which do not split evenly over {n} workers "
                 f"(padding would train on repeated rows). Make the batch size a multiple of {n}."
             )
-        shards = batch.chunk(n)
+        rows = self._shard_rows(batch, n, self.balance and dispatch_balance(self._worker_cls, method))
+        shards = [batch.index(r) for r in rows]
         results = self._run(method, [((s, *rest), kwargs) for s in shards])
         if all(isinstance(r, Batch) for r in results):
-            return Batch.concat(results).unpad(pad)
+            return self._gather(method, results, rows, pad)
         return results
+
+    @staticmethod
+    def _shard_rows(batch: Batch, n: int, balance: bool) -> list[np.ndarray]:
+        """Row indices of each rank's shard: contiguous, or balanced by token count."""
+        b = len(batch)
+        if not balance or n == 1 or "attention_mask" not in batch.tensors:
+            return [np.arange(r * b // n, (r + 1) * b // n) for r in range(n)]
+        return balanced_shards(row_tokens(batch).numpy(), n, row_units(batch))
+
+    def _gather(self, method: str, results: list[Batch], rows: list[np.ndarray], pad: int) -> Batch:
+        """Concatenated results in the original row order, padding rows dropped.
+
+        A method may return k rows per input row (generate: n samples per prompt, adjacent);
+        rank results are then put back in blocks of k.
+        """
+        sizes = {len(res) / max(len(r), 1) for res, r in zip(results, rows) if len(r)}
+        out = Batch.concat(results)
+        if len(sizes) != 1 or not float(next(iter(sizes))).is_integer():
+            contiguous = all(np.array_equal(r, np.arange(r[0], r[0] + len(r))) for r in rows if len(r))
+            if contiguous:  # an aggregate per rank, say: as before balancing existed
+                return out.unpad(pad)
+            raise ValueError(
+                f"{self.name}.{method} returned {[len(r) for r in results]} rows for shards of {[len(r) for r in rows]} "
+                "rows; a sharded method whose shards were reordered or padded must return a whole number of rows "
+                "per input row. Mark it @shard(balance=False), or return per-row results."
+            )
+        k = int(next(iter(sizes)))
+        dest = (np.concatenate(rows)[:, None] * k + np.arange(k)).reshape(-1)  # where each result row belongs
+        out = out.index(np.argsort(dest, kind="stable"))
+        return out.unpad(pad * k)

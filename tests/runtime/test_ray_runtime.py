@@ -38,3 +38,16 @@ def test_each_rank_gets_its_distributed_env(echo_group):
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert len({e["MASTER_PORT"] for e in envs}) == 1
     assert echo_group.all_reduce(1.0) == [3.0, 3.0]  # (1+0) + (1+1) over gloo
+
+
+def test_shards_are_balanced_by_tokens_and_results_keep_row_order(echo_group):
+    mask = torch.zeros(6, 9, dtype=torch.long)
+    for i, n in enumerate([9, 8, 7, 1, 1, 1]):  # contiguous halves: 24 vs 3 tokens
+        mask[i, 9 - n :] = 1
+    batch = Batch({"x": torch.arange(6), "attention_mask": mask})
+    shards = echo_group.rows(batch)
+    assert sorted(s["tokens"] for s in shards) == [11, 16]  # 3 rows each: {9,1,1} / {8,7,1} is the best split
+    assert sorted(x for s in shards for x in s["x"]) == list(range(6))
+    out = echo_group.double(batch.index(slice(0, 5)))  # padded to 6, balanced, unpadded
+    assert out["y"].tolist() == [0, 2, 4, 6, 8]
+    assert sorted(set(out["rank"])) == ["0", "1"]

@@ -20,6 +20,23 @@ class EchoWorker:
     def count(self, batch: Batch) -> int:
         return len(batch)
 
+    @shard_exact
+    def rows(self, batch: Batch) -> dict:
+        """The shard a training call sees: its rows' x values and token count."""
+        return {"x": batch["x"].tolist(), "tokens": int(batch["attention_mask"].sum()) if "attention_mask" in batch else 0}
+
+    @shard
+    def samples(self, batch: Batch, n: int) -> Batch:
+        """n adjacent result rows per input row, as generation returns n samples per prompt."""
+        out = batch.select(["x"]).repeat(n)
+        out["sample"] = torch.arange(n).repeat(len(batch))
+        return out
+
+    @shard(balance=False)
+    def double_contiguous(self, batch: Batch) -> Batch:
+        """x * 2, and the shard each row was in (named by its first row's x)."""
+        return Batch({"y": batch["x"] * 2, "shard": batch["x"][:1].repeat(len(batch))})
+
     @on_all_ranks
     def env(self) -> dict:
         return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
