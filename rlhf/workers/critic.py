@@ -51,6 +51,9 @@ class CriticWorker:
         dtype: DType = "float32",  # storage of the critic's weights: float32 (master weights; it is trained)
         compute_dtype: DType = "float32",  # matmuls under autocast; "bfloat16" on GPUs
         gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, more compute
+        # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
+        max_tokens_per_micro_batch: int | None = None,
+        max_tokens_per_forward: int | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
         micro_batch_size: int = 64,
         mini_batches: int = 1,
         epochs: int = 1,
@@ -70,6 +73,8 @@ class CriticWorker:
             grad_clip=grad_clip,
             compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+            max_tokens_per_forward=max_tokens_per_forward,
             prefix="critic",
         )
         torch.manual_seed(seed + self.trainer.rank)

@@ -60,6 +60,20 @@ def response_log_probs(
                                  max_block_elements=block_elements)
 
 
+def _check_width_free_aggregation(objective: object) -> None:
+    """Token-budget micro-batches are trimmed to their longest row, so a loss that divides by
+    the response width (`seq_mean_token_sum_norm` without a fixed length) would change."""
+    from rlhf.algos import seq_mean_token_sum_norm
+
+    for term in (getattr(objective, "policy_loss", None), getattr(objective, "kl_loss", None)):
+        if getattr(term, "aggregate", None) is seq_mean_token_sum_norm:
+            raise ValueError(
+                f"{type(term).__name__} aggregates with seq_mean_token_sum_norm, which divides by the response "
+                "width; token-budget micro-batches (max_tokens_per_micro_batch) trim that width per micro-batch. "
+                "Use aggregate=SeqMeanTokenSumNorm(max_response_length=<max_new_tokens>) instead."
+            )
+
+
 class PolicyWorker:
     """Generates, scores log-probs and trains the policy on one data-parallel rank."""
 
@@ -76,6 +90,9 @@ class PolicyWorker:
         compute_dtype: DType = "float32",  # matmuls (autocast) and the reference model's storage; "bfloat16" on GPUs
         micro_batch_size: int = 64,  # rows per forward/backward (gradient accumulation below it)
         gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, ~30% more compute
+        # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
+        max_tokens_per_micro_batch: int | None = None,
+        max_tokens_per_forward: int | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
         logits_block_elements: int | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
         mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
@@ -86,6 +103,8 @@ class PolicyWorker:
     ):
         if objective is not None:
             check_trainable_precision("PolicyWorker", dtype, compute_dtype)
+        if max_tokens_per_micro_batch is not None:
+            _check_width_free_aggregation(objective)
         if getattr(objective, "needs_ref", False) and ref_model_path is None:
             raise ValueError(
                 "the policy objective has a KL loss against a reference policy, but PolicyWorker.ref_model_path "
@@ -106,6 +125,8 @@ class PolicyWorker:
             grad_clip=grad_clip,
             compute_dtype=compute_dtype,
             gradient_checkpointing=gradient_checkpointing,
+            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
+            max_tokens_per_forward=max_tokens_per_forward,
             prefix="actor",
         )
         torch.manual_seed(seed + self.trainer.rank)

@@ -21,10 +21,12 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rlhf.batch import Batch
 from rlhf.workers.accelerator import Strategy, make_accelerator
+from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens
 from rlhf.workers.precision import DType, autocast, torch_dtype
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -50,11 +52,15 @@ class ModelTrainer:
         prefix: str = "actor",  # metric namespace: actor/grad_norm, critic/grad_norm ...
         compute_dtype: DType = "float32",  # matmuls under autocast in this dtype; weights stay as loaded
         gradient_checkpointing: bool = False,  # recompute activations in backward (Hugging Face models)
+        max_tokens_per_micro_batch: int | None = None,  # token budget (rows x longest row) per training micro-batch
+        max_tokens_per_forward: int | None = None,  # the same for no-grad forwards; None: max_tokens_per_micro_batch
     ):
         self.accelerator = make_accelerator(strategy)
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.micro_batch_size = micro_batch_size
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.max_tokens_per_forward = max_tokens_per_forward or max_tokens_per_micro_batch
         self.mini_batches = mini_batches
         self.epochs = epochs
         self.grad_clip = grad_clip
@@ -93,14 +99,30 @@ class ModelTrainer:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         return float(self.accelerator.reduce(t, reduction="sum").item())
 
-    def micro_batches(self, batch: Batch) -> list[Batch]:
-        """`batch` (on the host) cut into the micro-batches one forward/backward processes."""
-        return batch.split(self.micro_batch_size)
+    def micro_batches(self, batch: Batch, max_tokens: int | None = None) -> MicroBatches:
+        """`batch` (on the host) cut into the micro-batches one forward/backward processes.
+
+        With a token budget: rows grouped by length, each micro-batch trimmed to its longest row
+        (rlhf.workers.micro_batches.split_by_tokens); every rank then runs as many micro-batches
+        as the rank that needs most (FSDP's collectives need the same number of forwards).
+        Without one: `micro_batch_size` rows each, in order.
+        """
+        if max_tokens is None:
+            parts = batch.split(self.micro_batch_size)
+            return MicroBatches(parts, np.arange(len(batch)), 0)
+        split = split_by_tokens(batch, max_tokens)
+        if self.world_size > 1:
+            most = int(self.accelerator.gather(torch.tensor([len(split.parts)], device=self.device)).max())
+            if most > len(split.parts):
+                split = split_by_tokens(batch, max_tokens, min_micro_batches=most)
+        return split
 
     def map_micro_batches(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
-        """`forward` on every micro-batch (moved to the device); the (rows, ...) results on the host."""
-        parts = [forward(micro.to(self.device)) for micro in self.micro_batches(batch)]
-        return torch.cat(parts).cpu()
+        """`forward` (no grad) on every micro-batch moved to the device; the per-row (B, R) results
+        on the host, in `batch`'s row order and at its response width (zeros where trimmed)."""
+        split = self.micro_batches(batch, self.max_tokens_per_forward)
+        parts = [forward(micro.to(self.device)).cpu() for micro in split.parts]
+        return restore_order(parts, split.order, batch["responses"].shape[1])
 
     def update(self, batch: Batch, micro_loss: MicroLoss) -> dict[str, float]:
         """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics.
@@ -117,13 +139,14 @@ class ModelTrainer:
         weights: dict[str, float] = defaultdict(float)
         mini_size = math.ceil(len(batch) / self.mini_batches)
         grad_norms: list[float] = []
-        skipped = 0
+        skipped = over_budget = micro_count = 0
         for _ in range(self.epochs):
             for mini in batch.split(mini_size):
                 num_tokens = self.global_sum(float(mini["response_mask"].sum()))
                 num_seqs = self.global_sum(float(len(mini)))
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = self.micro_batches(mini)
+                split = self.micro_batches(mini, self.max_tokens_per_micro_batch)
+                micros, over_budget = split.parts, over_budget + split.over_budget
                 for i, micro in enumerate(micros):
                     tokens = float(micro["response_mask"].sum())
                     last = i == len(micros) - 1
@@ -134,6 +157,7 @@ class ModelTrainer:
                     for k, v in metrics.items():
                         sums[k] = sums.get(k, 0.0) + v * tokens
                         weights[k] += tokens
+                micro_count += len(micros)
                 grad_norm = float(self._clip_grad())  # the one host sync per optimizer step
                 grad_norms.append(grad_norm)
                 if math.isfinite(grad_norm):
@@ -150,6 +174,9 @@ class ModelTrainer:
         out[f"{self.prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
         out[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.prefix}/nonfinite_steps"] = float(skipped)
+        out[f"{self.prefix}/micro_batches"] = float(micro_count)
+        if self.max_tokens_per_micro_batch is not None:  # rows wider than the budget, each run alone
+            out[f"{self.prefix}/rows_over_token_budget"] = float(over_budget)
         return out
 
     def _clip_grad(self) -> torch.Tensor:
