@@ -45,6 +45,7 @@ from rlhf.algos.kl import (
 from rlhf.algos.logprobs import (
     entropy_from_logits,
     entropy_from_logits_chunked,
+    linear_log_probs_and_entropy,
     log_probs_and_entropy,
     log_probs_from_logits,
     sum_pi_squared_from_logits,
@@ -90,6 +91,7 @@ __all__ = [
     # log-probs and entropy
     "log_probs_from_logits",
     "log_probs_and_entropy",
+    "linear_log_probs_and_entropy",
     "entropy_from_logits",
     "entropy_from_logits_chunked",
     "sum_pi_squared_from_logits",

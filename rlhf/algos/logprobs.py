@@ -171,3 +171,96 @@ def sum_pi_squared_from_logits(logits: Tensor) -> Tensor:
     with torch.no_grad():
         z = logits.to(_compute_dtype(logits.dtype))
         return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+
+
+class _LinearLogProbEntropy(torch.autograd.Function):
+    """`_LogProbEntropy` of z = (hidden @ weight^T) / tau, with z built block by block and never kept.
+
+    The (N, V) logits and their gradient never exist whole: forward computes each block's logits,
+    its statistics, and drops it; backward recomputes the block's logits, forms dL/dz for the
+    block and accumulates dL/dhidden = dz W and dL/dW = dz^T hidden. Matrix products run in
+    `compute_dtype` (the autocast dtype of the forward), statistics in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature: float, rows: int, with_entropy: bool, compute_dtype):
+        h = hidden.reshape(-1, hidden.shape[-1])
+        y = labels.reshape(-1, 1)
+        w = weight.to(compute_dtype)
+        inv_t = 1.0 / temperature
+        n = h.shape[0]
+        lse = torch.empty(n, dtype=torch.float32, device=h.device)
+        log_probs = torch.empty_like(lse)
+        entropy = torch.empty_like(lse) if with_entropy else None
+        for start in range(0, n, rows):
+            sl = slice(start, start + rows)
+            zc = torch.mm(h[sl].to(compute_dtype), w.t()).float().mul_(inv_t)
+            block_lse = torch.logsumexp(zc, dim=-1, out=lse[sl])
+            torch.sub(zc.gather(-1, y[sl]).squeeze(-1), block_lse, out=log_probs[sl])
+            if entropy is not None:
+                p = torch.sub(zc, block_lse[:, None]).exp_()
+                torch.sub(block_lse, p.mul_(zc).sum(-1), out=entropy[sl])
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy if entropy is not None else lse)
+        ctx.inv_t, ctx.rows, ctx.with_entropy, ctx.compute_dtype = inv_t, rows, with_entropy, compute_dtype
+        shape = labels.shape
+        return log_probs.reshape(shape), (entropy.reshape(shape) if entropy is not None else None)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_lp, grad_h):
+        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        cdt, inv_t, rows = ctx.compute_dtype, ctx.inv_t, ctx.rows
+        h = hidden.reshape(-1, hidden.shape[-1])
+        y = labels.reshape(-1, 1)
+        w = weight.to(cdt)
+        g_lp = grad_lp.reshape(-1).float() if grad_lp is not None else torch.zeros_like(lse)
+        g_h = grad_h.reshape(-1).float() if grad_h is not None and ctx.with_entropy else None
+        grad_hidden = torch.empty_like(h) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+            if ctx.needs_input_grad[1] else None
+        for start in range(0, h.shape[0], rows):
+            sl = slice(start, start + rows)
+            hc = h[sl].to(cdt)
+            zc = torch.mm(hc, w.t()).float().mul_(inv_t)
+            p = torch.sub(zc, lse[sl, None]).exp_()
+            if g_h is None:
+                dz = p.mul_(-g_lp[sl, None])
+            else:
+                centered = zc.sub_((lse[sl] - entropy[sl])[:, None])
+                dz = p.mul_(centered.mul_(g_h[sl, None]).add_(g_lp[sl, None])).neg_()
+            dz.scatter_add_(-1, y[sl], g_lp[sl, None])
+            dz = dz.mul_(inv_t).to(cdt)
+            if grad_hidden is not None:
+                grad_hidden[sl] = torch.mm(dz, w)
+            if grad_weight is not None:
+                grad_weight.add_(torch.mm(dz.t(), hc))
+        grad_hidden = grad_hidden.reshape(hidden.shape) if grad_hidden is not None else None
+        grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
+        return grad_hidden, grad_weight, None, None, None, None, None
+
+
+def linear_log_probs_and_entropy(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    max_block_elements: int | None = None,  # None: default_block_elements(hidden.device)
+) -> tuple[Tensor, Tensor | None]:
+    """`log_probs_and_entropy(hidden @ weight^T, labels, ...)` without the (B, T, V) logits.
+
+    hidden: (B, T, H) final hidden states (the LM head's input); weight: (V, H) the LM head's
+    weight (no bias); labels: (B, T). Matrix products run in the autocast dtype when autocast is
+    on (else the hidden states' dtype), statistics in float32. Saves memory of two (B, T, V)
+    tensors (the logits and their gradient) at the cost of recomputing the head's product in
+    backward (one extra (B*T, H) x (H, V) matmul).
+    """
+    device = hidden.device
+    if torch.is_autocast_enabled(device.type):
+        compute = torch.get_autocast_dtype(device.type)
+    else:
+        compute = torch.promote_types(hidden.dtype, weight.dtype)
+    budget = max_block_elements or default_block_elements(device)
+    rows = block_rows(labels.numel(), weight.shape[0], budget)
+    return _LinearLogProbEntropy.apply(hidden, weight, labels, float(temperature), rows, with_entropy, compute)

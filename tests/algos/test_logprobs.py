@@ -11,6 +11,7 @@ from rlhf.algos.logprobs import (
     block_rows,
     entropy_from_logits,
     entropy_from_logits_chunked,
+    linear_log_probs_and_entropy,
     log_probs_and_entropy,
     log_probs_from_logits,
     sum_pi_squared_from_logits,
@@ -152,3 +153,25 @@ def test_bf16_logits_are_never_copied_whole_to_float32():
         lp, h = log_probs_and_entropy(logits, labels, temperature=0.7, with_entropy=True)
         (lp.sum() + h.sum()).backward()
     assert LargestFloat32.largest <= logits.numel() // 4
+
+
+@settings(max_examples=20)
+@given(st.integers(1, 30), st.integers(2, 6), st.integers(2, 11), st.sampled_from([0.5, 1.0]), st.booleans(),
+       st.integers(0, 2**31 - 1))
+def test_fused_linear_path_equals_logits_then_log_probs(N, H, V, tau, with_entropy, seed):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(N, 1, H, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, V, (N, 1), generator=g)
+    u = torch.randn(N, 1, generator=g, dtype=torch.float64)
+    lp, h = linear_log_probs_and_entropy(hidden, weight, labels, temperature=tau, with_entropy=with_entropy,
+                                         max_block_elements=3 * V)
+    loss = (lp * u).sum() + (h * u * 0.3).sum() if with_entropy else (lp * u).sum()
+    grads = torch.autograd.grad(loss, (hidden, weight))
+    lp_ref, h_ref = log_probs_and_entropy(hidden @ weight.T, labels, temperature=tau, with_entropy=with_entropy)
+    loss_ref = (lp_ref * u).sum() + (h_ref * u * 0.3).sum() if with_entropy else (lp_ref * u).sum()
+    grads_ref = torch.autograd.grad(loss_ref, (hidden, weight))
+    assert lp.dtype == torch.float32  # statistics in float32 (the reference keeps float64)
+    torch.testing.assert_close(lp, lp_ref.float(), atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, grads_ref):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
