@@ -39,7 +39,7 @@ class HFEngine:
         tokenizer: PreTrainedTokenizerBase,
         use_generate: bool = False,  # True: transformers' `generate` (slower; the reference the loop is tested against)
         lean: bool = True,  # decoding steps through rlhf.rollout.lean_decoder where the model supports it
-        max_rows_per_call: int | None = None,  # responses decoded per call (whole prompt groups); None: all at once
+        max_rows_per_call: int | None = None,  # responses per decode call, whole prompt groups (at least one); None: all
         check_every: int | None = None,  # decoding steps between host checks for EOS; None: decode.default_check_every
     ):
         if max_rows_per_call is not None and max_rows_per_call < 1:
