@@ -8,11 +8,15 @@ that machinery is a fixed cost per step. `sample` prefills the U distinct prompt
 repeats their KV cache n times, and decodes with a plain loop that does only what sampling
 needs. It samples from the same distribution as `generate` (temperature, then top-k, then
 top-p, as transformers' warpers do, then one draw from the softmax; `argmax` when greedy),
-with the same handling of finished rows (padding after EOS; stops when every row has
-finished), so it gives the same greedy tokens; tests/rollout/test_fast_engine.py checks
-greedy equality, log-probs and the sampling distribution against `generate`. The draw
+with the same handling of finished rows (padding after EOS; the responses end at the step
+where the last row finished), so it gives the same greedy tokens; tests/rollout/test_fast_engine.py
+checks greedy equality, log-probs and the sampling distribution against `generate`. The draw
 inverts the CDF at one uniform number per row instead of `torch.multinomial`, so a seed
 gives different (equally distributed) samples than `generate`.
+
+The loop never waits for the device between checks: "has every row finished?" is read on the
+host every `check_every` steps (`default_check_every`: 1 on a CPU, 16 on an accelerator), the
+few steps decoded past the last EOS are cut off after the loop (tests/rollout/test_decode_cadence.py).
 """
 
 from __future__ import annotations
