@@ -186,5 +186,6 @@ def sample(
             out = model(input_ids=token[:, None], attention_mask=mask[:, : p + t + 1], position_ids=next_pos + t,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
             logits = out.logits[:, -1].float()
-    r = steps if every == 1 else decoded_length(tokens, eos, steps)  # one check per step stops at the last EOS
+    # one local check per step stops exactly at the last EOS; otherwise cut back to it
+    r = steps if every == 1 and not synced else decoded_length(tokens, eos, steps)
     return tokens[:, :r], log_probs[:, :r]

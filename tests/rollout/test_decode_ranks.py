@@ -51,17 +51,23 @@ def run_rank(rank, port, out_dir):
     kwargs = dict(n=1, max_new_tokens=30, eos_token_ids=[EOS], pad_token_id=PAD, temperature=0.0)
     lean = sample(model, ids, mask, **kwargs)  # rows end whenever greedy says: no collective per step
 
-    calls = []
+    def forced(check_every):
+        """Row i emits EOS at step FINISH[rank][i] (a hook: the model's own forward); (tokens, forwards run)."""
+        calls = []
 
-    def finish(module, inputs, logits):  # row i emits EOS at step FINISH[rank][i]; a hook: the model's forward
-        bias = torch.zeros_like(logits)
-        bias[torch.tensor(FINISH[rank]) == len(calls), :, EOS] = 1e4
-        calls.append(1)
-        return logits + bias
+        def finish(module, inputs, logits):
+            bias = torch.zeros_like(logits)
+            bias[torch.tensor(FINISH[rank]) == len(calls), :, EOS] = 1e4
+            calls.append(1)
+            return logits + bias
 
-    model.lm_head.register_forward_hook(finish)
-    forced = sample(model, ids, mask, check_every=4, **kwargs)
-    torch.save({"lean": lean, "forced": forced, "calls": len(calls)}, os.path.join(out_dir, f"rank{rank}.pt"))
+        handle = model.lm_head.register_forward_hook(finish)
+        tokens, _ = sample(model, ids, mask, check_every=check_every, **kwargs)
+        handle.remove()
+        return tokens, len(calls)
+
+    result = {"lean": lean, "every_step": forced(1), "every_4": forced(4)}
+    torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()  # rank 0 hosts the store: it must not leave while the other rank still needs it
     dist.destroy_process_group()
 
@@ -81,13 +87,15 @@ def test_ranks_finishing_at_different_steps_do_not_deadlock(tmp_path):
                 p.terminate()
     results = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
     for rank, result in enumerate(results):
-        tokens, _ = result["forced"]
-        assert tokens.shape[1] == max(FINISH[rank]) + 1  # each rank trims to its own last EOS
-        assert [int(tokens[i, s]) for i, s in enumerate(FINISH[rank])] == [EOS, EOS]
+        for cadence in ("every_step", "every_4"):
+            tokens, _ = result[cadence]
+            assert tokens.shape[1] == max(FINISH[rank]) + 1, cadence  # each rank trims to its own last EOS
+            assert [int(tokens[i, s]) for i, s in enumerate(FINISH[rank])] == [EOS, EOS]
         ids, mask = rank_prompts(rank)  # the lean path gives the unsharded model's greedy tokens
         expected = sample(qwen2(), ids, mask, n=1, max_new_tokens=30, eos_token_ids=[EOS], pad_token_id=PAD,
                           temperature=0.0, lean=False)
         assert torch.equal(result["lean"][0], expected[0])
-    # both ranks ran the same number of forwards (prefill + steps): rank 0 kept stepping until rank 1
-    # finished at step 9 and the next check (every 4 steps) saw it: step 12, so 12 forwards each
-    assert results[0]["calls"] == results[1]["calls"] == 12
+    # both ranks ran as many forwards (prefill + steps) as the rank that finished last needed: rank 1's
+    # last EOS is step 9, so 10 when checking every step; checking every 4 steps, the check at step 12
+    assert results[0]["every_step"][1] == results[1]["every_step"][1] == 10
+    assert results[0]["every_4"][1] == results[1]["every_4"][1] == 12
