@@ -14,49 +14,125 @@ them between rollouts, never during one) with what a step needs only:
   query heads grouped per KV head (no `repeat_kv` copy).
 The prompt prefill still runs through the model's own forward (one call per rollout).
 Tests (tests/rollout/test_lean_decoder.py) check the step logits against the model's forward.
-Other architectures, adapters (PEFT), modules with forward hooks, sliding windows and
-sequence-length-dependent rotary scalings fall back to the model's forward (`supports`).
+A model is recognised by its config and module tree (`supports`), not its class name, so a
+module sharded by FSDP2's `fully_shard` (class `FSDPQwen2ForCausalLM`) keeps the lean step:
+its weights are gathered once per rollout and the steps run no collective, so ranks whose
+rows finish at different steps cannot deadlock in a decoding step.
+Other architectures, adapters (PEFT), modules with forward hooks, sliding windows shorter
+than the sequence and sequence-length-dependent rotary scalings fall back to the model's
+forward.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
 
-SUPPORTED = {"Qwen2ForCausalLM", "LlamaForCausalLM", "MistralForCausalLM"}
+SUPPORTED_MODEL_TYPES = frozenset({"qwen2", "llama", "mistral"})  # `config.model_type` of the layers below
 _STATIC_ROPE = {"default", "linear", "llama3", "yarn"}  # the table does not depend on the sequence length
+_PROJECTIONS = (("self_attn", "q_proj"), ("self_attn", "k_proj"), ("self_attn", "v_proj"), ("self_attn", "o_proj"),
+                ("mlp", "gate_proj"), ("mlp", "up_proj"), ("mlp", "down_proj"))
 
 
-def supports(model: torch.nn.Module) -> bool:
-    """True when `model` is an unwrapped Llama-family causal LM this decoder reproduces exactly."""
-    if type(model).__name__ not in SUPPORTED:
+def _fsdp_hook(hook: object, module: torch.nn.Module) -> bool:
+    """True for the (un)shard hooks FSDP2's `fully_shard` registers on `module`: the lean step gathers
+    the weights itself (`_full`), so skipping those hooks changes nothing."""
+    if not torch.distributed.is_available():
         return False
-    cfg = model.config
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    return isinstance(module, FSDPModule) and getattr(hook, "__self__", None) is fully_shard.state(module)
+
+
+def _hooked(module: torch.nn.Module) -> bool:
+    """A forward hook, pre-hook or Accelerate hook (device maps, offload) that the lean step would skip."""
+    hooks = [*module._forward_hooks.values(), *module._forward_pre_hooks.values()]
+    return hasattr(module, "_hf_hook") or any(not _fsdp_hook(h, module) for h in hooks)
+
+
+def _window_too_short(cfg: object, length: int | None) -> bool:
+    """True when some layer attends through a sliding window that could cut a sequence of `length` tokens.
+
+    A window of w keeps the w most recent keys (the query included), so a sequence no longer than w
+    sees every key: full attention. Unknown length: any window counts.
+    """
+    window = getattr(cfg, "sliding_window", None)
+    layer_types = getattr(cfg, "layer_types", None) or []
+    sliding = any(t != "full_attention" for t in layer_types) or (
+        window is not None and getattr(cfg, "model_type", None) == "mistral"  # Mistral windows every layer
+    )
+    return sliding and (window is None or length is None or length > window)
+
+
+def _architecture(model: torch.nn.Module) -> bool:
+    """The module tree the lean step reads: plain `nn.Linear` projections, `nn.Embedding`, RMSNorms, a rotary table.
+
+    Adapters (PEFT's LoRA layers replace the Linear projections and wrap the model so this tree is
+    not where it is looked for) and other replaced modules fail here.
+    """
+    body = getattr(model, "model", None)
+    layers = getattr(body, "layers", None)
+    if not isinstance(layers, torch.nn.ModuleList) or len(layers) != getattr(model.config, "num_hidden_layers", -1):
+        return False
+    if type(getattr(body, "embed_tokens", None)) is not torch.nn.Embedding:
+        return False
+    if type(getattr(model, "lm_head", None)) is not torch.nn.Linear or not hasattr(body, "rotary_emb"):
+        return False
+    norms = [body.norm] + [getattr(layer, name, None) for layer in layers
+                           for name in ("input_layernorm", "post_attention_layernorm")]
+    if not all(hasattr(m, "weight") and hasattr(m, "variance_epsilon") for m in norms):
+        return False
+    return all(
+        type(getattr(getattr(layer, part, None), name, None)) is torch.nn.Linear
+        for layer in layers
+        for part, name in _PROJECTIONS
+    )
+
+
+def supports(model: torch.nn.Module, length: int | None = None) -> bool:
+    """True when `model` is a Llama-family causal LM this decoder reproduces exactly.
+
+    Recognised by its config (`model_type` qwen2, llama or mistral) and its module tree, not by
+    its class: FSDP2's `fully_shard` swaps the class (`Qwen2ForCausalLM` -> `FSDPQwen2ForCausalLM`)
+    and registers (un)shard hooks, and such a module is still supported (the step gathers the
+    sharded weights once per rollout). `length` (prompt + new tokens) lets a sliding window longer
+    than the sequence count as full attention. Falls back (False) for other architectures, adapters,
+    forward hooks, sliding windows that could bind, sequence-length-dependent rotary scalings and
+    tensor-parallel pretraining splits.
+    """
+    cfg = getattr(model, "config", None)
+    if getattr(cfg, "model_type", None) not in SUPPORTED_MODEL_TYPES or not _architecture(model):
+        return False
     rope = getattr(model.model.rotary_emb, "rope_type", "default")
-    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
-    plain = all(
-        type(m) is torch.nn.Linear
-        for layer in model.model.layers
-        for m in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                  layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)
-    )
-    hooked = any(m._forward_hooks or m._forward_pre_hooks for m in model.modules())  # the step calls no module
     return (
-        plain
-        and not hooked
-        and rope in _STATIC_ROPE
-        and all(t == "full_attention" for t in layer_types)
+        rope in _STATIC_ROPE
+        and not _window_too_short(cfg, length)
         and getattr(cfg, "pretraining_tp", 1) == 1
-        and type(model.lm_head) is torch.nn.Linear
+        and not any(_hooked(m) for m in model.modules())  # the step calls no module's forward
     )
 
 
-def _rms_norm(x: torch.Tensor, norm: torch.nn.Module) -> torch.Tensor:
+def _full(p: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A parameter as one plain tensor in the compute dtype: an FSDP2 shard (DTensor) is gathered
+    (a collective: every rank builds its decoder at the same point, in the same parameter order)."""
+    if p is None:
+        return None
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor
+
+        if isinstance(p, DTensor):
+            p = p.full_tensor()
+    return p.detach().to(dtype)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """transformers' Llama/Qwen2 RMSNorm: in float32, scaled by the weight in the input dtype."""
     h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + norm.variance_epsilon)
-    return norm.weight * h.to(x.dtype)
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(x.dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -64,8 +140,31 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+class _Layer(NamedTuple):
+    """One decoder layer's weights as plain tensors in the compute dtype (biases may be None)."""
+
+    norm1: torch.Tensor
+    eps1: float
+    w_qkv: torch.Tensor  # q, k and v projections concatenated: one matmul
+    b_qkv: torch.Tensor | None
+    w_o: torch.Tensor
+    b_o: torch.Tensor | None
+    norm2: torch.Tensor
+    eps2: float
+    w_gate_up: torch.Tensor  # gate and up projections concatenated: one matmul
+    b_gate_up: torch.Tensor | None
+    w_down: torch.Tensor
+    b_down: torch.Tensor | None
+    act: object
+
+
 class LeanDecoder:
-    """One-token decoding steps over a preallocated KV cache, filled from a prefill's DynamicCache."""
+    """One-token decoding steps over a preallocated KV cache, filled from a prefill's DynamicCache.
+
+    The KV cache holds exactly the rows and positions the rollout can use: (B, kv_heads,
+    P + max_new_tokens, D), P the (left-padded) prompt length of this call. The weights are read
+    once, here: plain tensors, FSDP2 shards gathered, cast to the dtype the prefill computed in.
+    """
 
     def __init__(
         self,
@@ -76,61 +175,76 @@ class LeanDecoder:
         first_positions: torch.Tensor,  # (B, 1): rotary position of the first decoded token
         max_new_tokens: int,
     ):
-        self.model = model
         cfg = model.config
-        self.layers = list(model.model.layers)
+        body = model.model
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
-        self.scale = self.layers[0].self_attn.scaling
+        self.scale = body.layers[0].self_attn.scaling
         b, total = attention_mask.shape
         self.prompt_len = total - max_new_tokens
-        ref = model.lm_head.weight
+        cached = prefill_cache.layers[: len(body.layers)]
+        dtype, device = cached[0].keys.dtype, cached[0].keys.device  # what the model's own forward computed in
         self.keys, self.values = [], []
-        for layer in prefill_cache.layers[: len(self.layers)]:
-            k = torch.empty((b, self.kv_heads, total, self.head_dim), dtype=layer.keys.dtype, device=ref.device)
+        for layer in cached:
+            k = torch.empty((b, self.kv_heads, total, self.head_dim), dtype=dtype, device=device)
             v = torch.empty_like(k)
             k[:, :, : self.prompt_len] = layer.keys.repeat_interleave(n, dim=0) if n > 1 else layer.keys
             v[:, :, : self.prompt_len] = layer.values.repeat_interleave(n, dim=0) if n > 1 else layer.values
             self.keys.append(k)
             self.values.append(v)
-        bias = torch.zeros((b, 1, 1, total), dtype=torch.float32, device=ref.device)
+        bias = torch.zeros((b, 1, 1, total), dtype=torch.float32, device=device)
         self.bias = bias.masked_fill_(attention_mask[:, None, None, :] == 0, float("-inf"))
-        positions = first_positions + torch.arange(max_new_tokens, device=ref.device)  # (B, max_new)
-        cos, sin = model.model.rotary_emb(self.keys[0], positions)  # (B, max_new, D)
+        positions = first_positions + torch.arange(max_new_tokens, device=device)  # (B, max_new)
+        cos, sin = body.rotary_emb(self.keys[0], positions)  # (B, max_new, D)
         self.cos, self.sin = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
-        self.fused = [self._fuse(layer) for layer in self.layers]
+        gathered: dict[int, torch.Tensor | None] = {}  # tied weights are gathered once
+
+        def full(p: torch.Tensor | None) -> torch.Tensor | None:
+            if id(p) not in gathered:
+                gathered[id(p)] = _full(p, dtype)
+            return gathered[id(p)]
+
+        self.layers = [self._read(layer, full) for layer in body.layers]
+        self.embed = full(body.embed_tokens.weight)
+        self.norm, self.eps = full(body.norm.weight), body.norm.variance_epsilon
+        self.w_head, self.b_head = full(model.lm_head.weight), full(model.lm_head.bias)
 
     @staticmethod
-    def _fuse(layer: torch.nn.Module) -> tuple:
-        """(qkv weight, qkv bias, gate|up weight, gate|up bias): one matmul each instead of three and two."""
+    def _read(layer: torch.nn.Module, full) -> _Layer:
+        """A layer's weights; q/k/v and gate/up concatenated (one matmul each instead of three and two)."""
         attn, mlp = layer.self_attn, layer.mlp
 
-        def cat(mods, attr):
-            parts = [getattr(m, attr) for m in mods]
+        def cat(mods: tuple, attr: str) -> torch.Tensor | None:
+            parts = [full(getattr(m, attr)) for m in mods]
             if all(p is None for p in parts):
                 return None
-            return torch.cat([p if p is not None else torch.zeros(m.out_features, dtype=parts[0].dtype,
-                                                                  device=m.weight.device)
-                              for p, m in zip(parts, mods)]).detach()
+            ref = next(p for p in parts if p is not None)
+            return torch.cat([p if p is not None else ref.new_zeros(m.out_features) for p, m in zip(parts, mods)])
 
         qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
         gate_up = (mlp.gate_proj, mlp.up_proj)
-        return cat(qkv, "weight"), cat(qkv, "bias"), cat(gate_up, "weight"), cat(gate_up, "bias")
+        return _Layer(
+            norm1=full(layer.input_layernorm.weight), eps1=layer.input_layernorm.variance_epsilon,
+            w_qkv=cat(qkv, "weight"), b_qkv=cat(qkv, "bias"),
+            w_o=full(attn.o_proj.weight), b_o=full(attn.o_proj.bias),
+            norm2=full(layer.post_attention_layernorm.weight), eps2=layer.post_attention_layernorm.variance_epsilon,
+            w_gate_up=cat(gate_up, "weight"), b_gate_up=cat(gate_up, "bias"),
+            w_down=full(mlp.down_proj.weight), b_down=full(mlp.down_proj.bias), act=mlp.act_fn,
+        )
 
     @torch.no_grad()
     def step(self, token: torch.Tensor, t: int) -> torch.Tensor:
-        """Logits (B, V) after feeding `token` (B,) as decoded token t (0-based)."""
+        """Logits (B, V) after feeding `token` (B,) as decoded token t (0-based). No host sync."""
         b = token.shape[0]
         slot = self.prompt_len + t
         length = slot + 1
-        x = self.model.model.embed_tokens(token)  # (B, hidden)
+        x = F.embedding(token, self.embed)  # (B, hidden)
         cos, sin = self.cos[:, t], self.sin[:, t]  # (B, 1, D)
         group = self.heads // self.kv_heads
         hq, hk = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        for layer, keys, values, (w_qkv, b_qkv, w_gu, b_gu) in zip(self.layers, self.keys, self.values, self.fused):
-            attn, mlp = layer.self_attn, layer.mlp
-            qkv = F.linear(_rms_norm(x, layer.input_layernorm), w_qkv, b_qkv)
+        for w, keys, values in zip(self.layers, self.keys, self.values):
+            qkv = F.linear(_rms_norm(x, w.norm1, w.eps1), w.w_qkv, w.b_qkv)
             qk = _rotate(qkv[:, : hq + hk].view(b, self.heads + self.kv_heads, self.head_dim), cos, sin)
             keys[:, :, slot] = qk[:, self.heads :]
             values[:, :, slot] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim)
@@ -138,8 +252,7 @@ class LeanDecoder:
             scores = torch.matmul(q, keys[:, :, :length].transpose(-1, -2)) * self.scale + self.bias[..., :length]
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             out = torch.matmul(probs, values[:, :, :length]).reshape(b, hq)
-            x = x + F.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-            gate, up = F.linear(_rms_norm(x, layer.post_attention_layernorm), w_gu, b_gu).chunk(2, dim=-1)
-            x = x + F.linear(mlp.act_fn(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
-        x = _rms_norm(x, self.model.model.norm)
-        return F.linear(x, self.model.lm_head.weight, self.model.lm_head.bias)
+            x = x + F.linear(out, w.w_o, w.b_o)
+            gate, up = F.linear(_rms_norm(x, w.norm2, w.eps2), w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)
+            x = x + F.linear(w.act(gate) * up, w.w_down, w.b_down)
+        return F.linear(_rms_norm(x, self.norm, self.eps), self.w_head, self.b_head)

@@ -7,6 +7,7 @@ from rlhf.batch import Batch
 from rlhf.data.tokenize import chat_prompt_ids, left_pad, position_ids
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.rollout import HFEngine, SamplingParams, response_mask_from_eos
+from rlhf.rollout.lean_decoder import LeanDecoder
 from helpers import tiny_model_path
 
 
@@ -88,3 +89,84 @@ def test_sampling_is_not_silently_truncated_to_top_50(engine):
         logits = engine.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[0, -1]
     ranks = (logits.argsort(descending=True).argsort())[first]
     assert int(ranks.max()) >= 50  # at T=5 over 259 tokens, 64 draws reach beyond the top 50
+
+
+TEXTS = ["What is 12+30?", "x", "a much longer prompt than the others, to force left padding", "Hi there", "7*8=?"]
+
+
+@pytest.fixture
+def eos_at_position_40(engine):
+    """EOS becomes the greedy choice once a row's position reaches 40: rows (prompts of 20 to 78 tokens) end
+    at different steps, decided by their own content, whichever rows share a call. Decodes through the
+    model's forward (a hook), which is what this checks: chunking, not the step."""
+    eos = engine.eos_token_ids[0]
+
+    def hook(module, args, kwargs, out):
+        late = kwargs["position_ids"][:, -1] >= 40
+        out.logits[late, -1, eos] += 1e4
+        return out
+
+    handle = engine.model.register_forward_hook(hook, with_kwargs=True)
+    yield
+    handle.remove()
+
+
+@pytest.mark.parametrize("max_rows", [1, 4, 6, 100])
+def test_chunked_greedy_generation_equals_one_call(engine, eos_at_position_40, max_rows):
+    batch = prompts(engine.tokenizer, TEXTS)
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=24)
+    whole = engine.generate(batch, greedy)
+    chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=max_rows).generate(batch, greedy)
+    lengths = whole["response_mask"].sum(dim=1)
+    assert len(set(lengths.tolist())) >= 3  # rows end at different steps, so chunks differ in length
+    assert list(chunked["uid"]) == list(whole["uid"])
+    for key in ("responses", "response_mask", "input_ids", "attention_mask", "position_ids"):
+        assert torch.equal(chunked[key], whole[key]), key
+    assert torch.allclose(chunked["rollout_log_probs"], whole["rollout_log_probs"], atol=1e-5)
+
+
+def test_chunks_hold_whole_prompt_groups_and_at_most_max_rows(engine):
+    rows = []
+    handle = engine.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
+    try:
+        chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=7)
+        torch.manual_seed(0)
+        out = chunked.generate(prompts(engine.tokenizer, TEXTS), SamplingParams(n=3, max_new_tokens=3))
+    finally:
+        handle.remove()
+    prefills = [r[0] for r in rows if r[1] > 1]  # prompt passes: U prompts, then steps of U*n rows
+    assert prefills == [2, 2, 1]  # 7 // 3 = 2 prompts (6 rows) per call
+    assert max(r[0] for r in rows) <= 7
+    assert out["responses"].shape[0] == 15 and list(out["uid"]) == [t for t in TEXTS for _ in range(3)]
+
+
+def test_the_kv_cache_holds_the_chunks_longest_prompt_plus_the_allowed_new_tokens(engine, monkeypatch):
+    """Each call preallocates (rows, kv_heads, P + max_new_tokens, D), P the longest prompt of that call: a
+    chunk of short prompts is trimmed of the columns that pad every one of its prompts."""
+    import rlhf.rollout.decode as decode
+
+    shapes = []
+
+    def spy(*args, **kwargs):
+        decoder = LeanDecoder(*args, **kwargs)
+        shapes.append(tuple(decoder.keys[0].shape))
+        return decoder
+
+    monkeypatch.setattr(decode, "LeanDecoder", spy)
+    batch = prompts(engine.tokenizer, TEXTS)
+    lengths = batch["attention_mask"].sum(dim=1).tolist()  # 33, 20, 78, 27, 24 tokens
+    greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
+    whole = engine.generate(batch, greedy)
+    chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=4).generate(batch, greedy)
+    cfg = engine.model.config
+    kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
+    expected = [(10, kv, 78 + 5, d), (4, kv, max(lengths[:2]) + 5, d), (4, kv, max(lengths[2:4]) + 5, d),
+                (2, kv, lengths[4] + 5, d)]
+    assert shapes == expected
+    assert torch.equal(chunked["responses"], whole["responses"])
+    assert torch.allclose(chunked["rollout_log_probs"], whole["rollout_log_probs"], atol=1e-5)
+
+
+def test_max_rows_per_call_is_validated(engine):
+    with pytest.raises(ValueError, match="max_rows_per_call"):
+        HFEngine(engine.model, engine.tokenizer, max_rows_per_call=0)

@@ -10,7 +10,7 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rlhf.rollout.decode import sample
-from rlhf.rollout.lean_decoder import supports
+from rlhf.rollout.lean_decoder import LeanDecoder, supports
 
 PAD, EOS = 0, 1
 
@@ -87,3 +87,103 @@ def test_unsupported_models_use_their_own_forward():
     ids, mask = prompts()  # and decoding still works through the fallback
     tokens, _ = sample(gpt2, ids, mask, n=2, max_new_tokens=5, eos_token_ids=[EOS], pad_token_id=PAD, temperature=0.0)
     assert tokens.shape == (6, 5)
+
+
+def test_sliding_windows_count_as_full_attention_only_when_longer_than_the_sequence():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    def mistral(window):
+        torch.manual_seed(0)
+        return MistralForCausalLM(MistralConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                                num_attention_heads=4, num_key_value_heads=2,
+                                                sliding_window=window)).eval()
+
+    assert supports(mistral(None))
+    windowed = mistral(27)  # every Mistral layer attends through the window
+    assert not supports(windowed)  # length unknown: the window might bind
+    assert supports(windowed, length=27) and not supports(windowed, length=28)
+    ids, mask = prompts()  # 7 prompt tokens + 20 new = 27: the lean step is exact
+    kwargs = dict(n=2, max_new_tokens=20, eos_token_ids=[EOS], pad_token_id=PAD, temperature=0.0)
+    lean_tokens, lean_lp = sample(windowed, ids, mask, lean=True, **kwargs)
+    hf_tokens, hf_lp = sample(windowed, ids, mask, lean=False, **kwargs)
+    assert torch.equal(lean_tokens, hf_tokens) and torch.allclose(lean_lp, hf_lp, atol=1e-5)
+
+
+@pytest.fixture
+def one_rank_group():
+    """A single-process gloo group and a 1-device CPU mesh: what `fully_shard` needs to run here."""
+    import socket
+
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if dist.is_initialized():  # a worker test in this process (Accelerate) may have left one behind: reuse it
+        assert dist.get_world_size() == 1, "a test left a multi-rank process group in the pytest process"
+        yield init_device_mesh("cpu", (1,))
+        return
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    dist.init_process_group("gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{port}")
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+def sharded(build, mesh, **policy):
+    """`build()` sharded as the project's FSDP2 strategy does: each decoder layer, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    model = build()
+    mp = MixedPrecisionPolicy(**policy)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    return fully_shard(model, mesh=mesh, mp_policy=mp)
+
+
+@pytest.mark.parametrize("build", [qwen2, llama], ids=["qwen2", "llama"])
+def test_a_model_sharded_by_fsdp2_keeps_the_lean_step_and_its_greedy_tokens(one_rank_group, build, monkeypatch):
+    """`fully_shard` renames the class (FSDPQwen2ForCausalLM), turns parameters into DTensors and adds
+    (un)shard hooks: the lean step still runs, from gathered weights, with the unwrapped model's tokens."""
+    import rlhf.rollout.decode as decode
+
+    model = sharded(build, one_rank_group)
+    assert type(model).__name__.startswith("FSDP") and supports(model)
+    built = []
+    monkeypatch.setattr(decode, "LeanDecoder", lambda *a, **kw: built.append(1) or LeanDecoder(*a, **kw))
+    ids, mask = prompts()
+    kwargs = dict(n=3, max_new_tokens=20, eos_token_ids=[EOS], pad_token_id=PAD, temperature=0.0)
+    tokens, lp = sample(model, ids, mask, **kwargs)
+    assert built == [1]
+    expected_tokens, expected_lp = sample(build(), ids, mask, lean=False, **kwargs)
+    assert torch.equal(tokens, expected_tokens) and torch.allclose(lp, expected_lp, atol=1e-5)
+    model.lm_head.register_forward_hook(lambda m, i, o: o + 1.0)  # a user's hook still means the fallback
+    assert not supports(model)
+
+
+def test_fsdp2_bf16_compute_decodes_in_bf16_with_log_probs_of_a_forward(one_rank_group, monkeypatch):
+    """MixedPrecisionPolicy(param_dtype=bf16) over fp32 shards: the prefill runs in bf16, so the lean step
+    gathers the weights and casts them to bf16; its log-probs match a bf16 forward over the sampled text."""
+    import rlhf.rollout.decode as decode
+
+    model = sharded(qwen2, one_rank_group, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    built = []
+    monkeypatch.setattr(decode, "LeanDecoder", lambda *a, **kw: built.append(LeanDecoder(*a, **kw)) or built[-1])
+    ids, mask = prompts()
+    torch.manual_seed(0)
+    tokens, lp = sample(model, ids, mask, n=2, max_new_tokens=12, eos_token_ids=[EOS], pad_token_id=PAD,
+                        temperature=1.0, min_new_tokens=12)
+    full_ids = torch.cat([ids.repeat_interleave(2, 0), tokens], dim=1)
+    full_mask = torch.cat([mask.repeat_interleave(2, 0), torch.ones_like(tokens)], dim=1)
+    with torch.no_grad():
+        logits = model(input_ids=full_ids, attention_mask=full_mask,
+                       position_ids=(full_mask.cumsum(1) - 1).clamp(min=0)).logits[:, -13:-1].float()
+    from torch.distributed.tensor import DTensor
+
+    shard = model.model.layers[0].mlp.down_proj.weight  # the layers reshard after a forward: fp32 master shards
+    assert isinstance(shard, DTensor) and shard.dtype == torch.float32
+    ref = torch.log_softmax(logits, -1).gather(-1, tokens[..., None]).squeeze(-1)
+    assert built[0].w_head.dtype == torch.bfloat16 and built[0].keys[0].dtype == torch.bfloat16
+    assert torch.isfinite(lp).all()
+    assert (lp - ref).abs().max() < 0.01  # bf16 rounding of two kernel orders (measured 1.1e-3)
