@@ -95,16 +95,16 @@ def objective():
                            kl_loss=KLLoss(estimator=kl_k3, coef=KL_COEF))
 
 
-def policy_worker(path: str, shape: Shape, shared_prefix: bool = False, **kw):
-    """Our policy worker as a GPU run configures it. `shared_prefix` is off by default there (the
-    default strategy on GPUs is FSDP, which turns it off): it runs the model in two passes (the
-    distinct prompts, then the responses against their cached keys and values), trading ~2x the
-    kernel launches for fewer FLOPs; the proxy reports it separately."""
+def policy_worker(path: str, shape: Shape, shared_prefix: bool = False, fused_lm_head: bool = True, **kw):
+    """Our policy worker as a GPU run configures it: `fused_lm_head` on (the GPU default: no (B,T,V)
+    logits), `shared_prefix` off (the default strategy on GPUs is FSDP, which turns it off: it runs
+    the model in two passes, the distinct prompts then the responses against their cached keys and
+    values, trading ~2x the kernel launches for fewer FLOPs). The proxy also reports the CPU defaults."""
     from rlhf.workers.policy import PolicyWorker
 
     return PolicyWorker(path, objective=objective(), ref_model_path=path, strategy="ddp", compute_dtype="bfloat16",
                         micro_batch_size=shape.micro_batch, optimizer=lambda p: torch.optim.AdamW(p, lr=LR),
-                        shared_prefix=shared_prefix, **kw)
+                        shared_prefix=shared_prefix, fused_lm_head=fused_lm_head, **kw)
 
 
 def prompt_batch(shape: Shape, seed: int = 0):
@@ -175,51 +175,61 @@ def plain_update(model, ref_model, batch, micro_batch: int, optimizer, device) -
 
 # --------------------------------------------------------------------------- proxy (CPU)
 class OpCounter(TorchDispatchMode):
-    """Counts aten ops and the largest float32 output that is not shaped like a parameter."""
+    """Counts aten ops and the largest float32 / logits-shaped outputs not shaped like a parameter
+    (or its transpose: weights, gradients, optimizer state and their views are not temporaries)."""
 
-    def __init__(self, param_shapes: set[tuple[int, ...]]):
+    def __init__(self, param_shapes: set[tuple[int, ...]], vocab: int):
         super().__init__()
         self.ops = 0
         self.largest_fp32 = 0
+        self.largest_logits = 0  # elements of the largest (..., V) tensor of any dtype: the logits' memory
         self.param_shapes = param_shapes
+        self.vocab = vocab
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         self.ops += 1
         for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor) and t.dtype == torch.float32 and tuple(t.shape) not in self.param_shapes:
+            if not isinstance(t, torch.Tensor) or tuple(t.shape) in self.param_shapes:
+                continue
+            if t.dtype == torch.float32:
                 self.largest_fp32 = max(self.largest_fp32, t.numel())
+            if t.dim() and t.shape[-1] == self.vocab:
+                self.largest_logits = max(self.largest_logits, t.numel())
         return out
 
 
-def proxy_update(path: str, shape: Shape, block_elements: int, shared_prefix: bool = False) -> dict:
+def proxy_update(path: str, shape: Shape, block_elements: int, gpu_defaults: bool = True) -> dict:
     """Ops and float32 temporaries of one policy update, ours (PolicyWorker.update) vs the floor,
     and the fraction of weights our update changed. Both count their first update (optimizer
     state initialisation included on both sides)."""
     from rlhf.models.loading import load_causal_lm
 
     batch = rollout_batch(shape)
-    worker = policy_worker(path, shape, shared_prefix=shared_prefix, logits_block_elements=block_elements)
-    shapes = {tuple(p.shape) for p in worker.trainer.unwrapped().parameters()}
+    worker = policy_worker(path, shape, shared_prefix=not gpu_defaults, fused_lm_head=gpu_defaults,
+                           logits_block_elements=block_elements)
+    shapes = {s for p in worker.trainer.unwrapped().parameters() for s in (tuple(p.shape), tuple(p.shape)[::-1])}
     before = {k: v.clone() for k, v in worker.trainer.unwrapped().state_dict().items()}
-    with OpCounter(shapes) as ours:
+    with OpCounter(shapes, shape.vocab) as ours:
         worker.update(batch)
     after = worker.trainer.unwrapped().state_dict()
     changed = sum(int((before[k] != after[k]).sum()) for k in before) / sum(v.numel() for v in before.values())
     model = load_causal_lm(path, "float32")
     ref = load_causal_lm(path, "bfloat16").eval()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    with OpCounter(shapes) as floor:
+    with OpCounter(shapes, shape.vocab) as floor:
         plain_update(model, ref, batch, shape.micro_batch, opt, torch.device("cpu"))
     micro_logits = shape.micro_batch * shape.new_tokens * shape.vocab
-    return {"response_tokens": shape.new_tokens, "vocab": shape.vocab, "shared_prefix": shared_prefix,
+    return {"response_tokens": shape.new_tokens, "vocab": shape.vocab, "defaults": "gpu" if gpu_defaults else "cpu",
+            "logits_fraction_ours": ours.largest_logits / micro_logits,
+            "logits_fraction_reference": floor.largest_logits / micro_logits,
             "ops_ours": ours.ops,
             "ops_reference": floor.ops, "op_ratio": ours.ops / floor.ops, "largest_fp32_ours": ours.largest_fp32,
             "largest_fp32_reference": floor.largest_fp32, "micro_batch_logits": micro_logits,
             "fp32_temp_fraction": ours.largest_fp32 / micro_logits, "changed_fraction": changed}
 
 
-def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16, with_shared_prefix: bool = True) -> dict:
+def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16, with_cpu_defaults: bool = True) -> dict:
     """The proxies at Qwen's vocabulary divided by `vocab_scale`, with the log-prob memory budget
     divided by the same factor (see `main`'s --vocab-scale: the counts do not change)."""
     from rlhf.algos.logprobs import MAX_BLOCK_ELEMENTS
@@ -229,8 +239,8 @@ def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16, with_
     path = build_model(shape, root)
     budget = MAX_BLOCK_ELEMENTS // vocab_scale
     rows = [proxy_update(path, dataclasses.replace(shape, new_tokens=r), budget) for r in response_tokens]
-    shared = (proxy_update(path, dataclasses.replace(shape, new_tokens=response_tokens[-1]), budget, shared_prefix=True)
-              if with_shared_prefix else None)
+    shared = (proxy_update(path, dataclasses.replace(shape, new_tokens=response_tokens[-1]), budget, gpu_defaults=False)
+              if with_cpu_defaults else None)
     largest = max(rows, key=lambda r: r["response_tokens"])
     checks = {
         **{f"op_ratio@{r['response_tokens']}": (r["op_ratio"], r["op_ratio"] <= TARGETS["op_ratio_max"]) for r in rows},
@@ -238,15 +248,17 @@ def run_proxy(root: str, response_tokens=(32, 128), vocab_scale: int = 16, with_
             (largest["fp32_temp_fraction"], largest["fp32_temp_fraction"] <= TARGETS["fp32_temp_fraction_max"]),
         "changed_fraction": (rows[0]["changed_fraction"], rows[0]["changed_fraction"] >= TARGETS["changed_fraction_min"]),
     }
-    return {"rows": rows, "shared_prefix_row": shared, "vocab_scale": vocab_scale, "changed_fraction": rows[0]["changed_fraction"],
+    return {"rows": rows, "cpu_defaults_row": shared, "vocab_scale": vocab_scale, "changed_fraction": rows[0]["changed_fraction"],
             "checks": checks, "targets": TARGETS, "ok": all(ok for _, ok in checks.values())}
 
 
 def print_proxy(result: dict) -> None:
-    print(f"{'R':>4} {'shared prefix':>13} {'ops ours':>9} {'ops ref':>8} {'ratio':>6} {'fp32 temp / micro logits':>25}")
-    for r in [*result["rows"], *filter(None, [result["shared_prefix_row"]])]:
-        print(f"{r['response_tokens']:>4} {str(r['shared_prefix']):>13} {r['ops_ours']:>9} {r['ops_reference']:>8} "
-              f"{r['op_ratio']:>6.2f} {r['fp32_temp_fraction']:>25.3f}")
+    print(f"{'R':>4} {'defaults':>8} {'ops ours':>9} {'ops ref':>8} {'ratio':>6} {'fp32 temp':>10} "
+          f"{'logits-shaped ours/ref':>23}   (sizes relative to one micro-batch's logits)")
+    for r in [*result["rows"], *filter(None, [result["cpu_defaults_row"]])]:
+        print(f"{r['response_tokens']:>4} {r['defaults']:>8} {r['ops_ours']:>9} {r['ops_reference']:>8} "
+              f"{r['op_ratio']:>6.2f} {r['fp32_temp_fraction']:>10.3f} "
+              f"{r['logits_fraction_ours']:>11.3f}/{r['logits_fraction_reference']:.3f}")
     print(f"vocabulary {result['rows'][0]['vocab']} (Qwen's / {result['vocab_scale']}, budget scaled alike); "
           f"weights changed by one AdamW step at lr {LR:g}: {result['changed_fraction']:.2%}")
     for name, (value, ok) in result["checks"].items():

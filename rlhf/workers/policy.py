@@ -8,13 +8,15 @@ reference policy sits beside it for KL terms. One instance runs per data-paralle
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 
 import torch
 
-from rlhf.algos import log_probs_and_entropy
+from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy
 from rlhf.batch import Batch
+from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
 from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
 from rlhf.rollout.hf_engine import HFEngine
@@ -33,6 +35,7 @@ def response_log_probs(
     shared_prefix: bool = False,
     prefix_model: torch.nn.Module | None = None,
     block_elements: int | None = None,
+    fused_lm_head: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None, in float32.
 
@@ -42,22 +45,34 @@ def response_log_probs(
     detach it for a metric. `shared_prefix`: encode each distinct prompt once for all its rows
     (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper when the n samples
     of a group share a long prompt); `prefix_model` is the unwrapped module under DDP;
-    `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device).
+    `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device);
+    `fused_lm_head`: apply the LM head block by block too (`linear_log_probs_and_entropy`), so
+    the (B,T,V) logits and their gradient never exist; needs a plain Linear head (`fusable_lm_head`).
     """
+    unwrapped = prefix_model or model
+    with lm_head_bypassed(unwrapped) if fused_lm_head else contextlib.nullcontext() as head:
+        outputs = _response_outputs(model, batch, shared_prefix, prefix_model)  # hidden states when bypassed
     responses = batch["responses"]
-    if shared_prefix:
-        logits = response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                                 responses.shape[1], prefix_model=prefix_model)
-    else:
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            logits_to_keep=responses.shape[1] + 1,
-            use_cache=False,
-        ).logits[:, :-1, :]
-    return log_probs_and_entropy(logits, responses, temperature=temperature, with_entropy=with_entropy,
+    if head is not None:
+        return linear_log_probs_and_entropy(outputs, head.weight, responses, temperature=temperature,
+                                            with_entropy=with_entropy, max_block_elements=block_elements)
+    return log_probs_and_entropy(outputs, responses, temperature=temperature, with_entropy=with_entropy,
                                  max_block_elements=block_elements)
+
+
+def _response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) -> torch.Tensor:
+    """(B, R, ...) outputs of the model at the positions predicting each response token."""
+    r = batch["responses"].shape[1]
+    if shared_prefix:
+        return response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], r,
+                               prefix_model=prefix_model)
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        logits_to_keep=r + 1,
+        use_cache=False,
+    ).logits[:, :-1, :]
 
 
 def _check_width_free_aggregation(objective: object) -> None:
@@ -94,6 +109,7 @@ class PolicyWorker:
         max_tokens_per_micro_batch: int | None = None,
         max_tokens_per_forward: int | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
         logits_block_elements: int | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
+        fused_lm_head: bool | None = None,  # LM head applied per block (no (B,T,V) logits); None: on GPUs
         mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
         epochs: int = 1,  # passes over the batch per update call (PPO epochs)
         grad_clip: float | None = 1.0,  # max global gradient norm; None: no clipping
@@ -145,6 +161,12 @@ class PolicyWorker:
                              "turns off in training; set one of them to False")
         self.shared_prefix = shared_prefix
         self.logits_block_elements = logits_block_elements
+        head_fusable = fusable_lm_head(self.trainer.unwrapped()) is not None
+        if fused_lm_head and not head_fusable:
+            raise ValueError("PolicyWorker(fused_lm_head=True) needs a plain bias-free Linear LM head without hooks; "
+                             f"{type(self.trainer.unwrapped()).__name__} has another. Set fused_lm_head=None or False.")
+        self.fused_lm_head = head_fusable and (self.trainer.device.type == "cuda" if fused_lm_head is None
+                                               else fused_lm_head)
 
     @staticmethod
     def preflight(arguments: dict) -> None:
@@ -168,11 +190,13 @@ class PolicyWorker:
     @torch.no_grad()
     def _log_probs_batched(self, model: torch.nn.Module, batch: Batch, key: str) -> Batch:
         temperature = batch.meta.get("temperature", 1.0)
+        base = self.trainer.unwrapped() if model is self.trainer.model else model  # no grad: no DDP hooks to serve
+        fused = self.fused_lm_head and fusable_lm_head(base) is not None
 
         def forward(micro: Batch) -> torch.Tensor:
             with self.trainer.autocast():
-                return response_log_probs(model, micro, temperature, shared_prefix=self.shared_prefix,
-                                          block_elements=self.logits_block_elements)[0]
+                return response_log_probs(base, micro, temperature, shared_prefix=self.shared_prefix,
+                                          block_elements=self.logits_block_elements, fused_lm_head=fused)[0]
 
         return Batch({key: self.trainer.map_micro_batches(batch, forward)})
 
@@ -210,7 +234,8 @@ class PolicyWorker:
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
                                                     shared_prefix=self.shared_prefix, prefix_model=unwrapped,
-                                                    block_elements=self.logits_block_elements)
+                                                    block_elements=self.logits_block_elements,
+                                                    fused_lm_head=self.fused_lm_head)
             entropy_metric = entropy.detach()
             loss, metrics = self.objective(log_probs, entropy if entropy_grad else entropy_metric, micro,
                                            num_tokens=num_tokens, num_seqs=num_seqs)

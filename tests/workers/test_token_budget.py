@@ -44,3 +44,19 @@ def test_a_width_dependent_aggregation_is_refused_with_the_fix():
     objective = PolicyObjective(policy_loss=PPOClipLoss(aggregate=seq_mean_token_sum_norm))
     with pytest.raises(ValueError, match="SeqMeanTokenSumNorm\\(max_response_length"):
         PolicyWorker(tiny_model_path(), objective=objective, max_tokens_per_micro_batch=BUDGET)
+
+
+def test_fused_lm_head_gives_the_same_log_probs_and_update():
+    """The LM head applied block by block (no (B,T,V) logits, the GPU default) changes memory, not results."""
+    plain, fused = grpo_worker(optimizer=SGD, fused_lm_head=False), grpo_worker(optimizer=SGD, fused_lm_head=True)
+    assert fused.fused_lm_head and not plain.fused_lm_head
+    batch = scored_rollout(plain)
+    mask = batch["response_mask"].bool()
+    for method, key in (("compute_log_probs", "old_log_probs"), ("compute_ref_log_probs", "ref_log_probs")):
+        want, got = getattr(plain, method)(batch)[key], getattr(fused, method)(batch)[key]
+        torch.testing.assert_close(got[mask], want[mask], rtol=1e-5, atol=1e-5)
+    plain.update(batch), fused.update(batch)
+    pa, pb = plain.parameters_digest(), fused.parameters_digest()
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6)
+    assert type(fused.trainer.unwrapped().lm_head) is torch.nn.Linear  # the head is back after every forward
