@@ -67,7 +67,8 @@ def grpo_stage(
             ),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.01),
             compute_dtype="bfloat16",  # bf16 matmuls; weights and AdamW state stay fp32
-            micro_batch_size=16,
+            micro_batch_size=16,  # rows per forward where no token budget applies
+            max_tokens_per_micro_batch=16384,  # rows grouped by length, trimmed (verl: ppo_max_token_len_per_gpu)
             mini_batches=4,
             gpus_per_worker=1,
         ),
