@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf.runtime.group import WorkerGroup
 from rlhf.runtime.plan import GroupSpec, Plan
+from rlhf.ranges import NonNegativeInt, PositiveInt
 
 
 def free_port() -> int:
@@ -91,9 +92,9 @@ class RayRuntime:
     def __init__(
         self,
         address: str | None = None,  # None: start a local cluster; "auto": join a running one
-        num_cpus: int | None = None,  # CPUs of a local cluster; None: enough for the plan
-        num_gpus: int | None = None,
-        inline_bytes: int = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
+        num_cpus: PositiveInt | None = None,  # CPUs of a local cluster; None: enough for the plan
+        num_gpus: NonNegativeInt | None = None,
+        inline_bytes: NonNegativeInt = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
     ):
         self.address = address
         self.inline_bytes = inline_bytes

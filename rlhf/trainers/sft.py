@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from rlhf.data.sft import SFTDataset, padding_fraction
+from rlhf.ranges import NonNegativeInt, PositiveInt
 from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
@@ -43,17 +44,17 @@ class SFTTrainer:
         self,
         policy,  # WorkerGroup of PolicyWorker with objective=SFTObjective()
         data: SFTDataset,
-        batch_size: int = 128,  # examples per optimizer step, over all data-parallel workers
-        total_steps: int = 500,
+        batch_size: PositiveInt = 128,  # examples per optimizer step, over all data-parallel workers
+        total_steps: PositiveInt = 500,
         evaluator: Evaluator | None = None,  # generation-based exact match on held-out prompts
         val_data: SFTDataset | None = None,  # held-out examples for `val/sft_loss`; None: no val loss
-        val_batch_size: int = 64,  # examples per log-prob call of the validation loss
-        test_freq: int = 0,  # validate every k steps (0: only at the end); always at the end
+        val_batch_size: PositiveInt = 64,  # examples per log-prob call of the validation loss
+        test_freq: NonNegativeInt = 0,  # validate every k steps (0: only at the end); always at the end
         val_before_train: bool = False,  # also validate the initial model (logged at step 0)
         bucketed: bool = False,  # batches of similar lengths (less padding); see length_bucketed_batches
-        save_freq: int = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
-        keep_checkpoints: int = 2,  # complete checkpoints kept (oldest deleted)
-        seed: int = 0,
+        save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
+        keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        seed: NonNegativeInt = 0,
     ):
         self.policy = policy
         self.data = data
