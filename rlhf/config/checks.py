@@ -89,20 +89,41 @@ class Report:
 
 
 def validate(
-    graph: Any, stages: Sequence[str] | None = None, *, cpus: int | None = None, gpus: int | None = None
+    graph: Any,
+    stages: Sequence[str] | None = None,
+    *,
+    cpus: int | None = None,
+    gpus: int | None = None,
+    allow_changes: bool = False,
 ) -> Report:
-    """`check_experiment` plus every component's `preflight` hook; raises one `PreflightError`
-    listing all problems, logs the warnings, and returns the report."""
+    """`check_experiment`, every component's `preflight` hook, and, for a named run that exists,
+    the comparison with what it was started with (`rlhf.runtime.run_record`; `allow_changes`
+    accepts changes other than the model or algorithm). Raises one `PreflightError` listing all
+    problems, logs the warnings, and returns the report."""
     report = check_experiment(graph, stages, cpus=cpus, gpus=gpus)
     problems = [f"- {e}" for e in report.errors]
     if not report.complete:
         raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
+    problems += [f"- {p}" for p in _run_record_problems(graph, stages, allow_changes)]
     problems += preflight_problems(graph)
     if problems:
         raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
     for warning in report.warnings:
         log.warning("warning: %s", warning)
     return report
+
+
+def _run_record_problems(graph: Any, stages: Sequence[str] | None, allow_changes: bool) -> list[str]:
+    from rlhf.runtime.run_record import RunRecord, run_folder
+
+    folder = run_folder(graph) if isinstance(graph, fdl.Buildable) and hasattr(graph, "stages") else None
+    if folder is None:
+        return []
+    names = [s for s in dict(graph.stages) if stages is None or s in stages]
+    try:
+        return RunRecord(folder).problems(graph, names, allow_changes)
+    except ValueError as err:
+        return [str(err)]
 
 
 def check_experiment(

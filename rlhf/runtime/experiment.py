@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -23,7 +24,10 @@ from fiddle import daglish
 from rlhf.config.graph_io import graph_hash
 from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.runtime.remote import StageOutput
+from rlhf.runtime.run_record import RunRecord
 from rlhf.trainers.context import StageContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -101,34 +105,49 @@ def run_experiment(
     *,
     run_params: Mapping[str, Any] | None = None,
     tags: Sequence[str] = (),
+    allow_changes: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run the stages of an Experiment graph in order; returns each stage's result (+ run hash).
 
     `run_params` are added to every stage's tracking run (a sweep's `sweep` params), and `tags`
-    tag each run. Before anything starts, `rlhf.config.checks.validate` checks the graph and
-    calls the components' preflight hooks, and raises one PreflightError naming every problem.
+    tag each run. Before anything starts, `rlhf.config.checks.validate` checks the graph, calls
+    the components' preflight hooks and, for a named run that exists, compares the graph with
+    the one it was started with; it raises one PreflightError naming every problem.
+    `allow_changes` continues a named run whose graph changed in ways other than its model or
+    algorithm (recorded in `experiment.json` and in each stage's Aim run as `invocations`).
     """
     from rlhf.config.checks import validate
     from rlhf.runtime.local import LocalRuntime
 
     if fdl.get_callable(graph) is not Experiment:
         raise TypeError(f"the root of an experiment graph must be fdl.Config(Experiment, ...), got {graph!r}")
-    validate(graph, stages)
-    runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
-    tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
+    validate(graph, stages, allow_changes=allow_changes)
     resumable = graph.run_name is not None
     run_folder = graph.run_name or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_root = Path(graph.output_dir) / graph.name / run_folder
+    selected = [name for name in graph.stages if stages is None or name in stages]
+    record, invocation, changed = None, {}, set()
+    if resumable:
+        record = RunRecord(out_root)
+        changed = record.changed_stages(graph, selected)
+        invocation = record.record(graph, selected, overrides=overrides, fiddlers=fiddlers, allow_changes=allow_changes)
+        for stage_name, lines in invocation["changes"].items():
+            log.warning("continuing stage %r of %s with changes (--allow_changes):\n    %s", stage_name, out_root,
+                        "\n    ".join(lines))
+    runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
+    tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
     experiment_hash = graph_hash(graph)
     results: dict[str, dict[str, Any]] = {}
     try:
         for stage_name, stage_graph in graph.stages.items():
-            if stages is not None and stage_name not in stages:
+            if stage_name not in selected:
                 continue
             stage_dir = out_root / stage_name
-            if resumable and (stage_dir / _RESULT).exists():  # finished by an earlier invocation
+            finished = resumable and (stage_dir / _RESULT).exists()
+            if finished and stage_name not in changed:  # finished by an earlier invocation
                 results[stage_name] = json.loads((stage_dir / _RESULT).read_text())
                 continue
+            invocations = record.start_stage(graph, stage_name, invocation) if record is not None else []
             refs = stage_references(stage_graph)
             parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
             declared = getattr(stage_graph, "parent_run", None)  # e.g. EvalJob(parent_run=<the RL run>)
@@ -138,11 +157,14 @@ def run_experiment(
             plan = compile_graph(resolved)
             previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None
             if tracker is not None and previous:
-                run = tracker.resume_run(previous)
+                run = tracker.resume_run(previous)  # this invocation's graph and overrides replace the last ones
+                run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
             else:
                 run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
-                             run_params, tags)
+                                 run_params, tags)
             with run:
+                if invocations:
+                    run.set_params({"invocations": invocations})
                 if resumable and run.hash:
                     _write_json(stage_dir / _RUN, {"run_hash": run.hash})
                 groups = runtime.start_groups(plan)
@@ -186,9 +208,7 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
-    if tracker is None:
-        return _NoRun()
+def _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash) -> dict[str, Any]:
     from rlhf.tracking.lineage import lineage_params
 
     params = lineage_params(
@@ -200,5 +220,12 @@ def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experim
         plan_text=plan.describe(),
     )
     params["experiment_hash"] = experiment_hash
+    return params
+
+
+def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
+    if tracker is None:
+        return _NoRun()
+    params = _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash)
     params.update(run_params or {})
     return tracker.start_run(stage, params=params, parent_run=parent, tags=tags)

@@ -227,14 +227,17 @@ class RLTrainer:
         return checkpoints.save(step, write_parts, state)
 
     def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
-        """Load the newest complete checkpoint, if any; returns the step to continue after."""
-        latest = checkpoints.latest()
-        if latest is None:
-            return 0
-        state = CheckpointManager.read_state(latest)
-        self.policy.load_state(str(latest / "policy"))
-        if self.critic is not None:
-            self.critic.load_state(str(latest / "critic"))
+        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
+        recorded in the run as `resume.skipped`); returns the step to continue after."""
+
+        def load(folder: Path) -> None:
+            self.policy.load_state(str(folder / "policy"))
+            if self.critic is not None:
+                self.critic.load_state(str(folder / "critic"))
+
+        folder, state, skipped = checkpoints.resume(load)
+        if folder is not None or skipped:
+            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
         if self.kl_in_reward is not None and state.get("kl_in_reward") is not None:
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
         truncate_records(ctx.out_dir, state["step"])

@@ -73,7 +73,7 @@ class SFTTrainer:
     def run(self, ctx: StageContext) -> dict:
         checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
         checkpoints.remove_partial()  # what a kill during a save left behind
-        start = self.restore(checkpoints) if ctx.resume else 0
+        start = self.restore(checkpoints, ctx) if ctx.resume else 0
         fingerprints = {"train": self.data.fingerprint}
         if self.val_data is not None:
             fingerprints["val"] = self.val_data.fingerprint
@@ -121,10 +121,10 @@ class SFTTrainer:
             )
         return checkpoints.save(step, lambda folder: self.policy.save_state(str(folder / "policy")), {})
 
-    def restore(self, checkpoints: CheckpointManager) -> int:
-        """Load the newest complete checkpoint, if any; returns the step to continue after."""
-        latest = checkpoints.latest()
-        if latest is None:
-            return 0
-        self.policy.load_state(str(latest / "policy"))
-        return int(CheckpointManager.read_state(latest)["step"])
+    def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
+        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
+        recorded in the run as `resume.skipped`); returns the step to continue after."""
+        folder, state, skipped = checkpoints.resume(lambda f: self.policy.load_state(str(f / "policy")))
+        if folder is not None or skipped:
+            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
+        return int(state["step"])
