@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import contextlib
 import json
 import logging
 import os
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -117,7 +120,6 @@ def run_experiment(
     algorithm (recorded in `experiment.json` and in each stage's Aim run as `invocations`).
     """
     from rlhf.config.checks import validate
-    from rlhf.runtime.local import LocalRuntime
 
     if fdl.get_callable(graph) is not Experiment:
         raise TypeError(f"the root of an experiment graph must be fdl.Config(Experiment, ...), got {graph!r}")
@@ -134,6 +136,43 @@ def run_experiment(
         for stage_name, lines in invocation["changes"].items():
             log.warning("continuing stage %r of %s with changes (--allow_changes):\n    %s", stage_name, out_root,
                         "\n    ".join(lines))
+    with terminate_as_interrupt():
+        return _run_stages(graph, selected, overrides, fiddlers, run_params, tags, record, invocation, changed,
+                           out_root)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the driver: stop like Ctrl-C (groups stopped, runs closed as interrupted)."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into `Terminated` for this block, so `finally` clauses run.
+
+    By default SIGTERM ends Python at once: no `finally`, so a local Ray cluster the driver
+    started (GCS, raylet, workers) outlives it, and the Aim run stays "running". Installed only
+    in the main thread and only over the default handler (a handler someone set is kept).
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_stages(graph, selected, overrides, fiddlers, run_params, tags, record, invocation, changed, out_root):
+    from rlhf.runtime.local import LocalRuntime
+
+    resumable = record is not None
     runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
     tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
     experiment_hash = graph_hash(graph)
