@@ -9,7 +9,7 @@ import pytest
 from rlhf.config.validate import PreflightError
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.remote import StageOutput
-from toy_stages import CountStage, OtherCountStage, ReadStage
+from identity_toys import CountStage, OtherCountStage, ReadStage
 
 
 def experiment(tmp_path, steps=2, kind=CountStage, label="a", reader=True):
@@ -66,7 +66,7 @@ def test_another_algorithm_is_refused_even_with_allow_changes(tmp_path):
     with pytest.raises(PreflightError) as err:
         run_experiment(experiment(tmp_path, kind=OtherCountStage), allow_changes=True)
     assert "different model or algorithm" in str(err.value)
-    assert "__fn__: 'toy_stages.CountStage' -> 'toy_stages.OtherCountStage'" in str(err.value)
+    assert "__fn__: 'identity_toys.CountStage' -> 'identity_toys.OtherCountStage'" in str(err.value)
 
 
 def test_a_stage_downstream_of_a_continued_one_cannot_continue(tmp_path):
