@@ -120,6 +120,7 @@ def run_experiment(
     algorithm (recorded in `experiment.json` and in each stage's Aim run as `invocations`).
     """
     from rlhf.config.checks import validate
+    from rlhf.runtime.local import LocalRuntime
 
     if fdl.get_callable(graph) is not Experiment:
         raise TypeError(f"the root of an experiment graph must be fdl.Config(Experiment, ...), got {graph!r}")
@@ -136,9 +137,25 @@ def run_experiment(
         for stage_name, lines in invocation["changes"].items():
             log.warning("continuing stage %r of %s with changes (--allow_changes):\n    %s", stage_name, out_root,
                         "\n    ".join(lines))
-    with terminate_as_interrupt():
-        return _run_stages(graph, selected, overrides, fiddlers, run_params, tags, record, invocation, changed,
-                           out_root)
+    with terminate_as_interrupt():  # SIGTERM, like Ctrl-C, leaves through the `finally` below
+        runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
+        tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
+        experiment_hash = graph_hash(graph)
+        results: dict[str, dict[str, Any]] = {}
+        try:
+            for stage_name in selected:
+                stage_dir = out_root / stage_name
+                if resumable and (stage_dir / _RESULT).exists() and stage_name not in changed:
+                    results[stage_name] = json.loads((stage_dir / _RESULT).read_text())  # finished earlier
+                    continue
+                invocations = record.start_stage(graph, stage_name, invocation) if record is not None else []
+                results[stage_name] = _run_stage(
+                    graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations,
+                    overrides=overrides, fiddlers=fiddlers, run_params=run_params, tags=tags, resumable=resumable,
+                )
+        finally:
+            runtime.shutdown()
+    return results
 
 
 class Terminated(KeyboardInterrupt):
@@ -169,67 +186,50 @@ def terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-def _run_stages(graph, selected, overrides, fiddlers, run_params, tags, record, invocation, changed, out_root):
-    from rlhf.runtime.local import LocalRuntime
-
-    resumable = record is not None
-    runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
-    tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
-    experiment_hash = graph_hash(graph)
-    results: dict[str, dict[str, Any]] = {}
-    try:
-        for stage_name, stage_graph in graph.stages.items():
-            if stage_name not in selected:
-                continue
-            stage_dir = out_root / stage_name
-            finished = resumable and (stage_dir / _RESULT).exists()
-            if finished and stage_name not in changed:  # finished by an earlier invocation
-                results[stage_name] = json.loads((stage_dir / _RESULT).read_text())
-                continue
-            invocations = record.start_stage(graph, stage_name, invocation) if record is not None else []
-            refs = stage_references(stage_graph)
-            parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
-            declared = getattr(stage_graph, "parent_run", None)  # e.g. EvalJob(parent_run=<the RL run>)
-            if parent is None and isinstance(declared, str):
-                parent = declared
-            resolved = resolve_stage_outputs(stage_graph, results, stage_name)
-            plan = compile_graph(resolved)
-            previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None
-            if tracker is not None and previous:
-                run = tracker.resume_run(previous)  # this invocation's graph and overrides replace the last ones
-                run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
-            else:
-                run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
-                                 run_params, tags)
-            with run:
-                if invocations:
-                    run.set_params({"invocations": invocations})
-                if resumable and run.hash:
-                    _write_json(stage_dir / _RUN, {"run_hash": run.hash})
-                groups = runtime.start_groups(plan)
-                try:
-                    stage = fdl.build(bind_groups(plan.driver, groups))
-                    ctx = StageContext(
-                        out_dir=stage_dir,
-                        log=run.track,
-                        record=run.set_params,
-                        name=stage_name,
-                        progress=graph.progress,
-                        resume=resumable,
-                    )
-                    result = dict(stage.run(ctx))
-                finally:
-                    runtime.stop_groups()
-                result["run_hash"] = run.hash
-                result["parent_run"] = parent
-                if "checkpoint" in result:
-                    run.set_params({"checkpoint": str(result["checkpoint"])})
-            if resumable:
-                _write_json(stage_dir / _RESULT, result)
-            results[stage_name] = result
-    finally:
-        runtime.shutdown()
-    return results
+def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations, *,
+               overrides, fiddlers, run_params, tags, resumable) -> dict[str, Any]:
+    """One stage: resolve its inputs, open (or reopen) its run, start its groups, run it, stop them."""
+    stage_graph = graph.stages[stage_name]
+    refs = stage_references(stage_graph)
+    parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
+    declared = getattr(stage_graph, "parent_run", None)  # e.g. EvalJob(parent_run=<the RL run>)
+    if parent is None and isinstance(declared, str):
+        parent = declared
+    resolved = resolve_stage_outputs(stage_graph, results, stage_name)
+    plan = compile_graph(resolved)
+    previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None
+    if tracker is not None and previous:
+        run = tracker.resume_run(previous)  # this invocation's graph and overrides replace the last ones
+        run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
+    else:
+        run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
+                         run_params, tags)
+    with run:
+        if invocations:
+            run.set_params({"invocations": invocations})
+        if resumable and run.hash:
+            _write_json(stage_dir / _RUN, {"run_hash": run.hash})
+        groups = runtime.start_groups(plan)
+        try:
+            stage = fdl.build(bind_groups(plan.driver, groups))
+            ctx = StageContext(
+                out_dir=stage_dir,
+                log=run.track,
+                record=run.set_params,
+                name=stage_name,
+                progress=graph.progress,
+                resume=resumable,
+            )
+            result = dict(stage.run(ctx))
+        finally:
+            runtime.stop_groups()
+        result["run_hash"] = run.hash
+        result["parent_run"] = parent
+        if "checkpoint" in result:
+            run.set_params({"checkpoint": str(result["checkpoint"])})
+    if resumable:
+        _write_json(stage_dir / _RESULT, result)
+    return result
 
 
 _RESULT, _RUN = "result.json", "run.json"
