@@ -13,7 +13,7 @@ def test_plan_prints_groups(capsys):
 
 def test_show_prints_the_graph_after_overrides(capsys):
     main(["show", "experiments/arithmetic_tiny.py", "--config", "set:stages.grpo.total_steps=7"])
-    assert "stages['grpo'].total_steps: int = 7" in capsys.readouterr().out
+    assert "stages['grpo'].total_steps: int > 0 = 7" in capsys.readouterr().out  # the type with its range
 
 
 def test_unknown_command_and_missing_file():

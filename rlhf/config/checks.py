@@ -14,6 +14,10 @@
   rows over its mini-batches. Micro-batches that do not divide are only a warning (they change
   memory use, not the update).
 
+Before those, every configured value is checked against its parameter's annotation and range
+markers (`rlhf.config.typecheck`; `Annotated[int, Positive]` from `rlhf.ranges`); the other
+checks run only on a well-typed graph.
+
 `validate(graph, stages)` adds the components' own `preflight` hooks (`rlhf.config.validate`)
 and raises one `PreflightError` listing every problem; `run_experiment` calls it first.
 `batch_table(graph)` is the batch arithmetic per RL/SFT stage, printed at start-up.
@@ -31,6 +35,7 @@ from typing import Any
 import fiddle as fdl
 from fiddle import daglish
 
+from rlhf.config.typecheck import annotation_problems
 from rlhf.config.validate import PreflightError, preflight_problems
 
 __all__ = ["BatchArithmetic", "Report", "batch_arithmetic", "batch_table", "check_experiment", "validate"]
@@ -80,20 +85,45 @@ class Report:
     errors: list[str] = dataclasses.field(default_factory=list)
     warnings: list[str] = dataclasses.field(default_factory=list)
     batches: list[BatchArithmetic] = dataclasses.field(default_factory=list)
+    complete: bool = True  # False: the checks stopped at missing or ill-typed values (listed in errors)
 
 
 def validate(
-    graph: Any, stages: Sequence[str] | None = None, *, cpus: int | None = None, gpus: int | None = None
+    graph: Any,
+    stages: Sequence[str] | None = None,
+    *,
+    cpus: int | None = None,
+    gpus: int | None = None,
+    allow_changes: bool = False,
 ) -> Report:
-    """`check_experiment` plus every component's `preflight` hook; raises one `PreflightError`
-    listing all problems, logs the warnings, and returns the report."""
+    """`check_experiment`, every component's `preflight` hook, and, for a named run that exists,
+    the comparison with what it was started with (`rlhf.runtime.run_record`; `allow_changes`
+    accepts changes other than the model or algorithm). Raises one `PreflightError` listing all
+    problems, logs the warnings, and returns the report."""
     report = check_experiment(graph, stages, cpus=cpus, gpus=gpus)
-    problems = [f"- {e}" for e in report.errors] + preflight_problems(graph)
+    problems = [f"- {e}" for e in report.errors]
+    if not report.complete:
+        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
+    problems += [f"- {p}" for p in _run_record_problems(graph, stages, allow_changes)]
+    problems += preflight_problems(graph)
     if problems:
         raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
     for warning in report.warnings:
         log.warning("warning: %s", warning)
     return report
+
+
+def _run_record_problems(graph: Any, stages: Sequence[str] | None, allow_changes: bool) -> list[str]:
+    from rlhf.runtime.run_record import RunRecord, run_folder
+
+    folder = run_folder(graph) if isinstance(graph, fdl.Buildable) and hasattr(graph, "stages") else None
+    if folder is None:
+        return []
+    names = [s for s in dict(graph.stages) if stages is None or s in stages]
+    try:
+        return RunRecord(folder).problems(graph, names, allow_changes)
+    except ValueError as err:
+        return [str(err)]
 
 
 def check_experiment(
@@ -106,6 +136,11 @@ def check_experiment(
     report = Report()
     selected = _selected_stages(graph, stages, report)
     _check_required(graph, selected, report)
+    mistyped = annotation_problems((n, _cli_path(p)) for n, p in _graph_nodes(graph, selected))
+    if mistyped:
+        report.errors += mistyped
+        report.complete = False  # the checks below do arithmetic on these values: they assume well-typed ones
+        return report
     _check_stage_order(graph, selected, report)
     for name, stage in selected.items():
         _check_resources(graph, name, stage, report, cpus, gpus)
@@ -230,14 +265,7 @@ def _runtime(graph: Any) -> tuple[str, dict[str, Any]]:
 
 # --------------------------------------------------------------------------- checks
 def _check_required(graph: Any, selected: dict[str, Any], report: Report) -> None:
-    nodes = [(graph, ())] if isinstance(graph, fdl.Buildable) else []  # the root itself, not all below it
-    for name, stage in selected.items():
-        nodes += _nodes(stage, _stage_prefix(name))
-    if isinstance(graph, fdl.Buildable):
-        for key, value in graph.__arguments__.items():
-            if key != "stages":
-                nodes += _nodes(value, (daglish.Attr(key),))
-    for node, path in nodes:
+    for node, path in _graph_nodes(graph, selected):
         if not isinstance(node, fdl.Config):
             continue  # a Partial's missing arguments come from its caller
         for name, param in node.__signature_info__.signature.parameters.items():
@@ -249,6 +277,18 @@ def _check_required(graph: Any, selected: dict[str, Any], report: Report) -> Non
                     f"{where}: {fdl.get_callable(node).__name__} needs `{name}`, which is not set. "
                     f"Set it in the experiment's graph, or on the command line: --config 'set:{where}=...'."
                 )
+
+
+def _graph_nodes(graph: Any, selected: dict[str, Any]) -> list[tuple[fdl.Buildable, daglish.Path]]:
+    """The root, every node of the stages that will run, and of the root's other arguments (runtime, ...)."""
+    nodes = [(graph, ())] if isinstance(graph, fdl.Buildable) else []  # the root itself, not all below it
+    for name, stage in selected.items():
+        nodes += _nodes(stage, _stage_prefix(name))
+    if isinstance(graph, fdl.Buildable):
+        for key, value in graph.__arguments__.items():
+            if key != "stages":
+                nodes += _nodes(value, (daglish.Attr(key),))
+    return nodes
 
 
 def _check_stage_order(graph: Any, selected: dict[str, Any], report: Report) -> None:

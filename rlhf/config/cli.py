@@ -29,7 +29,12 @@ def _parser(prog: str) -> argparse.ArgumentParser:
         help="config:NAME(...) | fiddler:NAME(...) | set:PATH=VALUE; applied in order (default config:base)",
     )
     p.add_argument("--print_graph", action="store_true", help="print the graph and exit")
-    p.add_argument("--print_plan", action="store_true", help="print each stage's execution plan and exit")
+    p.add_argument("--print_plan", action="store_true",
+                   help="print each stage's execution plan, run the preflight checks, and exit (non-zero when the "
+                        "run would refuse to start)")
+    p.add_argument("--allow_changes", "--allow-changes", action="store_true",
+                   help="continue a named run (run_name) whose graph changed in ways other than its model or "
+                        "algorithm, e.g. more steps; the changes are recorded in the run")
     p.add_argument("--stages", default=None, help="comma-separated stages to run (default: all)")
     p.add_argument("--sweep", default=None, metavar="NAME",
                    help="run the experiment's sweep function NAME (sweep:NAME, NAME, 'NAME(k=v)'): runs per member")
@@ -82,7 +87,7 @@ def honour_interrupts() -> None:
 def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     honour_interrupts()
     import rlhf_configs.common as common
-    from rlhf.config.checks import batch_arithmetic, batch_table
+    from rlhf.config.checks import batch_arithmetic, batch_table, validate
     from rlhf.config.provenance import format_provenance
     from rlhf.config.sweeps import SweepError, sweep_from_cli
     from rlhf.config.validate import PreflightError
@@ -104,17 +109,23 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
     if args.print_graph:  # each value with where it was set (rlhf.config.provenance)
         print(format_provenance(graph))
         return None
-    batches = batch_arithmetic(graph, stages)
-    if args.print_plan:
+    if args.print_plan:  # the same preflight as a real run: a plan the run would refuse exits non-zero
+        try:
+            report = validate(graph, stages, allow_changes=args.allow_changes)
+        except PreflightError as err:
+            sys.exit(f"error: {err}")
         for name, stage in graph.stages.items():
-            print(f"[{name}]\n{compile_graph(stage).describe()}\n")
-        if batches:
-            print(batch_table(batches))
+            if stages is None or name in stages:
+                print(f"[{name}]\n{compile_graph(stage).describe()}\n")
+        if report.batches:
+            print(batch_table(report.batches))
         return None
+    batches = batch_arithmetic(graph, stages)
     if batches:
         print(batch_table(batches))
     try:
-        results = run_experiment(graph, overrides=args.config, fiddlers=fiddlers, stages=stages)
+        results = run_experiment(graph, overrides=args.config, fiddlers=fiddlers, stages=stages,
+                                 allow_changes=args.allow_changes)
     except PreflightError as err:
         sys.exit(f"error: {err}")
     print(format_results(results))

@@ -118,13 +118,16 @@ def _nested(container: Any) -> bool:
 
 def _arguments(node: fdl.Buildable) -> Iterator[tuple[str, str, Any, str]]:
     """(name, where, value, ": annotation") per argument: signature order, then extra kwargs."""
+    from rlhf.config.typecheck import parameter_hints
+
     signature = node.__signature_info__.signature
     arguments = node.__arguments__
+    hints = parameter_hints(fdl.get_callable(node))
     names = [n for n, p in signature.parameters.items() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     names += [n for n in arguments if n not in names]
     for name in names:
         param = signature.parameters.get(name)
-        annotation = _annotation(param)
+        annotation = _annotation(param, hints.get(name))
         if name in arguments:
             yield str(name), _where(node, name), arguments[name], annotation
         elif param is not None and param.default is not param.empty:
@@ -153,11 +156,17 @@ def _where(node: fdl.Buildable, name: str) -> str:
     return f"{text} ({location.function_name})" if location.function_name not in (None, "<module>") else text
 
 
-def _annotation(param: inspect.Parameter | None) -> str:
+def _annotation(param: inspect.Parameter | None, resolved: Any = None) -> str:
+    """`: int > 0` (the type with its range markers, `rlhf.ranges`), or the annotation's text."""
+    from rlhf.config.typecheck import describe
+
     if param is None or param.annotation is param.empty:
         return ""
     ann = param.annotation
-    text = ann if isinstance(ann, str) else getattr(ann, "__qualname__", None) if isinstance(ann, type) else str(ann)
+    if resolved is not None:
+        text = describe(resolved)
+    else:
+        text = ann if isinstance(ann, str) else getattr(ann, "__qualname__", None) if isinstance(ann, type) else str(ann)
     return f": {text}" if text and len(text) <= 40 else ""
 
 

@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Annotated
 
 import torch
+
+from rlhf.ranges import NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveInt
 
 
 @dataclasses.dataclass(frozen=True)
 class SamplingParams:
     """How to sample responses; the same fields mean the same thing in every engine."""
 
-    n: int = 1  # responses per prompt (the group size for GRPO)
-    temperature: float = 1.0  # 0 means greedy decoding
-    top_p: float = 1.0  # nucleus sampling; 1.0 keeps the whole distribution
-    top_k: int = 0  # keep the k most likely tokens; 0 disables
-    max_new_tokens: int = 32  # responses are cut here (counted in response_length/clip_ratio)
-    min_new_tokens: int = 0  # EOS cannot be sampled before this many tokens (vLLM's min_tokens; benchmarks)
+    n: PositiveInt = 1  # responses per prompt (the group size for GRPO)
+    temperature: NonNegativeFloat = 1.0  # 0 means greedy decoding
+    top_p: Annotated[float, OpenUnitInterval] = 1.0  # nucleus sampling; 1.0 keeps the whole distribution
+    top_k: NonNegativeInt = 0  # keep the k most likely tokens; 0 disables
+    max_new_tokens: PositiveInt = 32  # responses are cut here (counted in response_length/clip_ratio)
+    min_new_tokens: NonNegativeInt = 0  # EOS cannot be sampled before this many tokens (vLLM's min_tokens; benchmarks)
 
     def __post_init__(self) -> None:
         if self.n < 1:

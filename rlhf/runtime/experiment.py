@@ -11,9 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import contextlib
 import json
+import logging
 import os
-from collections.abc import Mapping, Sequence
+import signal
+import threading
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +27,10 @@ from fiddle import daglish
 from rlhf.config.graph_io import graph_hash
 from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.runtime.remote import StageOutput
+from rlhf.runtime.run_record import RunRecord
 from rlhf.trainers.context import StageContext
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -101,74 +108,128 @@ def run_experiment(
     *,
     run_params: Mapping[str, Any] | None = None,
     tags: Sequence[str] = (),
+    allow_changes: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Run the stages of an Experiment graph in order; returns each stage's result (+ run hash).
 
     `run_params` are added to every stage's tracking run (a sweep's `sweep` params), and `tags`
-    tag each run. Before anything starts, `rlhf.config.checks.validate` checks the graph and
-    calls the components' preflight hooks, and raises one PreflightError naming every problem.
+    tag each run. Before anything starts, `rlhf.config.checks.validate` checks the graph, calls
+    the components' preflight hooks and, for a named run that exists, compares the graph with
+    the one it was started with; it raises one PreflightError naming every problem.
+    `allow_changes` continues a named run whose graph changed in ways other than its model or
+    algorithm (recorded in `experiment.json` and in each stage's Aim run as `invocations`).
     """
     from rlhf.config.checks import validate
     from rlhf.runtime.local import LocalRuntime
 
     if fdl.get_callable(graph) is not Experiment:
         raise TypeError(f"the root of an experiment graph must be fdl.Config(Experiment, ...), got {graph!r}")
-    validate(graph, stages)
-    runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
-    tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
+    validate(graph, stages, allow_changes=allow_changes)
     resumable = graph.run_name is not None
     run_folder = graph.run_name or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_root = Path(graph.output_dir) / graph.name / run_folder
-    experiment_hash = graph_hash(graph)
-    results: dict[str, dict[str, Any]] = {}
-    try:
-        for stage_name, stage_graph in graph.stages.items():
-            if stages is not None and stage_name not in stages:
-                continue
-            stage_dir = out_root / stage_name
-            if resumable and (stage_dir / _RESULT).exists():  # finished by an earlier invocation
-                results[stage_name] = json.loads((stage_dir / _RESULT).read_text())
-                continue
-            refs = stage_references(stage_graph)
-            parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
-            declared = getattr(stage_graph, "parent_run", None)  # e.g. EvalJob(parent_run=<the RL run>)
-            if parent is None and isinstance(declared, str):
-                parent = declared
-            resolved = resolve_stage_outputs(stage_graph, results, stage_name)
-            plan = compile_graph(resolved)
-            previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None
-            if tracker is not None and previous:
-                run = tracker.resume_run(previous)
-            else:
-                run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
-                             run_params, tags)
-            with run:
-                if resumable and run.hash:
-                    _write_json(stage_dir / _RUN, {"run_hash": run.hash})
-                groups = runtime.start_groups(plan)
-                try:
-                    stage = fdl.build(bind_groups(plan.driver, groups))
-                    ctx = StageContext(
-                        out_dir=stage_dir,
-                        log=run.track,
-                        record=run.set_params,
-                        name=stage_name,
-                        progress=graph.progress,
-                        resume=resumable,
-                    )
-                    result = dict(stage.run(ctx))
-                finally:
-                    runtime.stop_groups()
-                result["run_hash"] = run.hash
-                result["parent_run"] = parent
-                if "checkpoint" in result:
-                    run.set_params({"checkpoint": str(result["checkpoint"])})
-            if resumable:
-                _write_json(stage_dir / _RESULT, result)
-            results[stage_name] = result
-    finally:
-        runtime.shutdown()
+    selected = [name for name in graph.stages if stages is None or name in stages]
+    record, invocation, changed = None, {}, set()
+    if resumable:
+        record = RunRecord(out_root)
+        changed = record.changed_stages(graph, selected)
+        invocation = record.record(graph, selected, overrides=overrides, fiddlers=fiddlers, allow_changes=allow_changes)
+        for stage_name, lines in invocation["changes"].items():
+            log.warning("continuing stage %r of %s with changes (--allow_changes):\n    %s", stage_name, out_root,
+                        "\n    ".join(lines))
+    with terminate_as_interrupt():  # SIGTERM, like Ctrl-C, leaves through the `finally` below
+        runtime = fdl.build(graph.runtime) if graph.runtime is not None else LocalRuntime()
+        tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
+        experiment_hash = graph_hash(graph)
+        results: dict[str, dict[str, Any]] = {}
+        try:
+            for stage_name in selected:
+                stage_dir = out_root / stage_name
+                if resumable and (stage_dir / _RESULT).exists() and stage_name not in changed:
+                    results[stage_name] = json.loads((stage_dir / _RESULT).read_text())  # finished earlier
+                    continue
+                invocations = record.start_stage(graph, stage_name, invocation) if record is not None else []
+                results[stage_name] = _run_stage(
+                    graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations,
+                    overrides=overrides, fiddlers=fiddlers, run_params=run_params, tags=tags, resumable=resumable,
+                )
+        finally:
+            runtime.shutdown()
     return results
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the driver: stop like Ctrl-C (groups stopped, runs closed as interrupted)."""
+
+
+@contextlib.contextmanager
+def terminate_as_interrupt() -> Iterator[None]:
+    """Turn SIGTERM into `Terminated` for this block, so `finally` clauses run.
+
+    By default SIGTERM ends Python at once: no `finally`, so a local Ray cluster the driver
+    started (GCS, raylet, workers) outlives it, and the Aim run stays "running". Installed only
+    in the main thread and only over the default handler (a handler someone set is kept).
+    """
+    main = threading.current_thread() is threading.main_thread()
+    if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        raise Terminated(f"signal {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations, *,
+               overrides, fiddlers, run_params, tags, resumable) -> dict[str, Any]:
+    """One stage: resolve its inputs, open (or reopen) its run, start its groups, run it, stop them."""
+    stage_graph = graph.stages[stage_name]
+    refs = stage_references(stage_graph)
+    parent = next((results[r.stage].get("run_hash") for r in refs if r.stage in results), None)
+    declared = getattr(stage_graph, "parent_run", None)  # e.g. EvalJob(parent_run=<the RL run>)
+    if parent is None and isinstance(declared, str):
+        parent = declared
+    resolved = resolve_stage_outputs(stage_graph, results, stage_name)
+    plan = compile_graph(resolved)
+    previous = _read_json(stage_dir / _RUN).get("run_hash") if resumable else None
+    if tracker is not None and previous:
+        run = tracker.resume_run(previous)  # this invocation's graph and overrides replace the last ones
+        run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
+    else:
+        run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
+                         run_params, tags)
+    with run:
+        if invocations:
+            run.set_params({"invocations": invocations})
+        if resumable and run.hash:
+            _write_json(stage_dir / _RUN, {"run_hash": run.hash})
+        groups = runtime.start_groups(plan)
+        try:
+            stage = fdl.build(bind_groups(plan.driver, groups))
+            ctx = StageContext(
+                out_dir=stage_dir,
+                log=run.track,
+                record=run.set_params,
+                name=stage_name,
+                progress=graph.progress,
+                resume=resumable,
+            )
+            result = dict(stage.run(ctx))
+        finally:
+            runtime.stop_groups()
+        result["run_hash"] = run.hash
+        result["parent_run"] = parent
+        if "checkpoint" in result:
+            run.set_params({"checkpoint": str(result["checkpoint"])})
+    if resumable:
+        _write_json(stage_dir / _RESULT, result)
+    return result
 
 
 _RESULT, _RUN = "result.json", "run.json"
@@ -186,9 +247,7 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
-    if tracker is None:
-        return _NoRun()
+def _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash) -> dict[str, Any]:
     from rlhf.tracking.lineage import lineage_params
 
     params = lineage_params(
@@ -200,5 +259,12 @@ def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experim
         plan_text=plan.describe(),
     )
     params["experiment_hash"] = experiment_hash
+    return params
+
+
+def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
+    if tracker is None:
+        return _NoRun()
+    params = _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash)
     params.update(run_params or {})
     return tracker.start_run(stage, params=params, parent_run=parent, tags=tags)

@@ -9,8 +9,10 @@ that group's bundles. `address=None` starts a local cluster, `address="auto"` jo
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +22,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from rlhf.runtime.group import WorkerGroup
 from rlhf.runtime.plan import GroupSpec, Plan
+from rlhf.ranges import NonNegativeInt, PositiveInt
 
 
 def free_port() -> int:
@@ -91,9 +94,9 @@ class RayRuntime:
     def __init__(
         self,
         address: str | None = None,  # None: start a local cluster; "auto": join a running one
-        num_cpus: int | None = None,  # CPUs of a local cluster; None: enough for the plan
-        num_gpus: int | None = None,
-        inline_bytes: int = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
+        num_cpus: PositiveInt | None = None,  # CPUs of a local cluster; None: enough for the plan
+        num_gpus: NonNegativeInt | None = None,
+        inline_bytes: NonNegativeInt = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
     ):
         self.address = address
         self.inline_bytes = inline_bytes
@@ -101,10 +104,11 @@ class RayRuntime:
         self.num_gpus = num_gpus
         self._pgs: list[Any] = []
         self._groups: list[RayWorkerGroup] = []
+        self._connected = False  # whether this runtime called ray.init (and so must call ray.shutdown)
 
     def _init(self, plan: Plan) -> None:
         if ray.is_initialized():
-            return
+            return  # someone else's connection: they shut it down
         needed = sum(g.cpus_per_worker * g.num_workers for g in plan.groups.values() if not g.colocate_with)
         kwargs: dict[str, Any] = dict(address=self.address, include_dashboard=False, log_to_driver=True)
         if self.address is None:
@@ -121,7 +125,13 @@ class RayRuntime:
         kwargs["runtime_env"] = {
             "env_vars": {"PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
         }
+        handler = signal.getsignal(signal.SIGTERM)
         ray.init(**kwargs)
+        self._connected = True
+        if callable(handler) and threading.current_thread() is threading.main_thread():
+            # ray.init installs a native SIGTERM handler that aborts the process (exit -6) with no
+            # clean-up; the driver's own handler (the experiment runner's) must stay in charge.
+            signal.signal(signal.SIGTERM, handler)
 
     def start_groups(self, plan: Plan) -> dict[str, WorkerGroup]:
         self._init(plan)
@@ -149,9 +159,15 @@ class RayRuntime:
         self._groups, self._pgs = [], []
 
     def shutdown(self) -> None:
-        self.stop_groups()
-        if ray.is_initialized():
-            ray.shutdown()
+        """Stop the groups, then disconnect; a local cluster this runtime started (GCS, raylet,
+        workers) stops with it. The experiment runner calls this on every exit: normal, an
+        exception, Ctrl-C, SIGTERM (`rlhf.runtime.experiment.terminate_as_interrupt`)."""
+        try:
+            self.stop_groups()
+        finally:
+            if self._connected and ray.is_initialized():
+                ray.shutdown()
+            self._connected = False
 
     def describe(self) -> str:
         return f"RayRuntime(address={self.address!r})"

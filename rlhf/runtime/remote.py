@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from rlhf.ranges import NonNegativeFloat, PositiveInt
+
 
 @dataclasses.dataclass(frozen=True)
 class Remote:
@@ -17,9 +19,9 @@ class Remote:
 
     worker: Any  # the sub-graph built on every worker
     name: str  # group name: shows in the Plan, logs, and Ray actor names
-    num_workers: int = 1  # data-parallel ranks
-    cpus_per_worker: float = 1  # also the number of torch threads in the worker
-    gpus_per_worker: float = 0
+    num_workers: PositiveInt = 1  # data-parallel ranks
+    cpus_per_worker: NonNegativeFloat = 1  # also the number of torch threads in the worker
+    gpus_per_worker: NonNegativeFloat = 0
     colocate_with: str | None = None  # share the resource bundles of this group
 
 

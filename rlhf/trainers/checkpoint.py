@@ -1,15 +1,24 @@
-"""Checkpoints that never lie: atomic `step_XXXXXXXX` folders, keep-last-N, newest-complete lookup.
+"""Checkpoints that never lie: atomic `step_XXXXXXXX` folders with a manifest, keep-last-N, and a
+resume that falls back to the newest intact checkpoint.
 
-A checkpoint folder holds each worker group's Accelerate state (weights, optimizer, LR
-schedule, every rank's RNG states) and the driver's `trainer_state.json` (step, data
-position, KL controller, tracking run). It is written under a temporary name, fsynced and
-renamed, so a crash or a full disk mid-write leaves the previous checkpoint intact and a
-folder named `step_*` is always complete.
+A checkpoint folder holds each worker group's state (weights, optimizer, LR schedule, every
+rank's RNG states), the driver's `trainer_state.json` (step, KL controller), and, written last,
+`MANIFEST.json`: every other file's size and sha256. The folder is written under a temporary
+name, fsynced and renamed, so a crash or a full disk mid-write leaves the previous checkpoint
+intact and a folder named `step_*` is always complete when written. What happens to it later
+(a truncated copy, a bad disk, a file edited or deleted by hand) the manifest catches:
+`resume(load)` verifies the newest checkpoint, and if it is broken (or fails to load) moves it
+aside to `step_XXXXXXXX.broken-<time>` (never deleted: it is evidence), warns naming it and why,
+and tries the next older one; with none intact the stage starts from its beginning.
 """
 
 from __future__ import annotations
 
+import datetime
+import hashlib
 import json
+import logging
+import os
 import re
 import shutil
 from collections.abc import Callable
@@ -19,7 +28,53 @@ from typing import Any
 from rlhf.workers.training import atomic_write_dir
 
 STATE_FILE = "trainer_state.json"
+MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d{8})$")
+_CHUNK = 8 * 2**20
+
+log = logging.getLogger(__name__)
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def write_manifest(folder: Path) -> None:
+    """`MANIFEST.json`: size and sha256 of every file below `folder` (call it after all other files)."""
+    files = {}
+    for root, _, names in os.walk(folder):
+        for name in sorted(names):
+            path = Path(root, name)
+            rel = path.relative_to(folder).as_posix()
+            if rel != MANIFEST:
+                files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+    (folder / MANIFEST).write_text(json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True))
+
+
+def verify(folder: Path) -> str | None:
+    """None if every file the manifest lists is there with its size and checksum, else why not."""
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+    except FileNotFoundError:
+        return f"it has no {MANIFEST} (not written by this version of rlhf, or not by rlhf)"
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"its {MANIFEST} is unreadable ({type(err).__name__}: {err})"
+    for rel, expected in sorted(files.items()):
+        path = folder / rel
+        if not path.is_file():
+            return f"{rel} is missing"
+        size = path.stat().st_size
+        if size != expected["size"]:
+            return f"{rel} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)"
+        if sha256_file(path) != expected["sha256"]:
+            return f"{rel} does not match its sha256 in the manifest (corrupted)"
+    return None
 
 
 class CheckpointError(RuntimeError):
@@ -49,6 +104,12 @@ class CheckpointManager:
         found = [p for p in self.root.iterdir() if _STEP.match(p.name) and (p / STATE_FILE).exists()]
         return sorted(found, key=lambda p: int(_STEP.match(p.name).group(1)))
 
+    def _step_folders(self) -> list[Path]:
+        if not self.root.exists():
+            return []
+        found = [p for p in self.root.iterdir() if _STEP.match(p.name) and p.is_dir()]
+        return sorted(found, key=lambda p: int(_STEP.match(p.name).group(1)))
+
     def latest(self) -> Path | None:
         done = self.complete()
         return done[-1] if done else None
@@ -60,6 +121,7 @@ class CheckpointManager:
         def write(folder: Path) -> None:
             write_parts(folder)
             (folder / STATE_FILE).write_text(json.dumps({**state, "step": step}, indent=1, default=str))
+            write_manifest(folder)  # last: a folder with a manifest had every other file written
 
         try:
             atomic_write_dir(str(target), write)
@@ -74,9 +136,46 @@ class CheckpointManager:
             shutil.rmtree(old, ignore_errors=True)
         return target
 
+    def resume(self, load: Callable[[Path], None]) -> tuple[Path | None, dict[str, Any], list[str]]:
+        """Load the newest intact checkpoint with `load(folder)`.
+
+        Returns (the folder, its trainer state, one line per checkpoint skipped and why); (None,
+        {"step": 0}, skipped) when none is intact, so the stage starts from its beginning. A
+        checkpoint that fails verification or `load` is moved aside (`.broken-<time>`) and
+        logged as a warning: a later save of the same step must not overwrite it, and keep-last-N
+        must not count or delete it.
+        """
+        skipped: list[str] = []
+        for folder in reversed(self._step_folders()):  # with or without a state file: a missing one is reported
+            reason = verify(folder)
+            state: dict[str, Any] = {}
+            if reason is None:
+                try:
+                    state = self.read_state(folder)
+                    load(folder)
+                except Exception as err:  # noqa: BLE001 - any failure to load means: try the one before
+                    reason = f"loading it failed ({type(err).__name__}: {_first_line(err)})"
+            if reason is None:
+                if skipped:
+                    log.warning("resuming from %s after skipping %d broken checkpoint(s)", folder, len(skipped))
+                return folder, state, skipped
+            aside = folder.with_name(f"{folder.name}.broken-{datetime.datetime.now():%Y%m%d-%H%M%S}")
+            os.rename(folder, aside)
+            line = f"skipped checkpoint {folder} because {reason}; moved it to {aside.name} (not deleted)"
+            log.warning("%s", line)
+            skipped.append(line)
+        if skipped:
+            log.warning("no intact checkpoint in %s: starting the stage from its beginning", self.root)
+        return None, {"step": 0}, skipped
+
     @staticmethod
     def read_state(folder: Path) -> dict[str, Any]:
         try:
             return json.loads((Path(folder) / STATE_FILE).read_text())
         except (OSError, ValueError) as err:
             raise CheckpointError(f"checkpoint {folder} has no readable {STATE_FILE}: {err}") from err
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else ""

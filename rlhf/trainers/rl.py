@@ -17,6 +17,7 @@ from transformers import PreTrainedTokenizerBase
 from rlhf.algos import GRPO, AdvantageInputs, apply_kl_penalty, group_ids_from_uids, kl_k1
 from rlhf.batch import Batch
 from rlhf.data.prompts import PromptDataset
+from rlhf.ranges import NonNegativeInt, PositiveInt
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.trainers.checkpoint import CheckpointManager
@@ -43,22 +44,22 @@ class RLTrainer:
         reward: RewardManager,
         advantage=GRPO(),  # an advantage estimator from rlhf.algos
         sampling: SamplingParams = SamplingParams(n=8, temperature=1.0, max_new_tokens=32),
-        prompts_per_step: int = 16,  # prompts per RL step; samples per step = prompts x sampling.n
-        total_steps: int = 100,
+        prompts_per_step: PositiveInt = 16,  # prompts per RL step; samples per step = prompts x sampling.n
+        total_steps: PositiveInt = 100,
         critic=None,  # WorkerGroup of CriticWorker; required by estimators with requires_critic (GAE)
-        critic_warmup: int = 0,  # steps that train only the critic before the actor starts
+        critic_warmup: NonNegativeInt = 0,  # steps that train only the critic before the actor starts
         kl_in_reward=None,  # FixedKLController / AdaptiveKLController: KL penalty in the reward; None: off
         kl_estimator=kl_k1,  # per-token KL estimator of the reward penalty
         evaluator: Evaluator | None = None,
-        test_freq: int = 0,  # validate every k steps (0: only at the end); always at the end
+        test_freq: NonNegativeInt = 0,  # validate every k steps (0: only at the end); always at the end
         val_before_train: bool = False,
-        save_freq: int = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
-        keep_checkpoints: int = 2,  # complete checkpoints kept (oldest deleted)
-        max_nonfinite_steps: int = 3,  # consecutive steps with NaN/Inf gradients before stopping
+        save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
+        keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        max_nonfinite_steps: PositiveInt = 3,  # consecutive steps with NaN/Inf gradients before stopping
         records: RolloutRecorder | None = None,  # write rollouts to <stage dir>/rollouts.jsonl
         reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
         reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
-        seed: int = 0,
+        seed: NonNegativeInt = 0,
     ):
         reward.check_sources(set(r["data_source"] for r in train_data.rows))
         if getattr(advantage, "requires_critic", False) and critic is None:
@@ -226,14 +227,17 @@ class RLTrainer:
         return checkpoints.save(step, write_parts, state)
 
     def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
-        """Load the newest complete checkpoint, if any; returns the step to continue after."""
-        latest = checkpoints.latest()
-        if latest is None:
-            return 0
-        state = CheckpointManager.read_state(latest)
-        self.policy.load_state(str(latest / "policy"))
-        if self.critic is not None:
-            self.critic.load_state(str(latest / "critic"))
+        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
+        recorded in the run as `resume.skipped`); returns the step to continue after."""
+
+        def load(folder: Path) -> None:
+            self.policy.load_state(str(folder / "policy"))
+            if self.critic is not None:
+                self.critic.load_state(str(folder / "critic"))
+
+        folder, state, skipped = checkpoints.resume(load)
+        if folder is not None or skipped:
+            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
         if self.kl_in_reward is not None and state.get("kl_in_reward") is not None:
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
         truncate_records(ctx.out_dir, state["step"])

@@ -15,6 +15,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from rlhf.data.sft import SFTDataset, padding_fraction
+from rlhf.ranges import NonNegativeInt, PositiveInt
 from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
@@ -43,17 +44,17 @@ class SFTTrainer:
         self,
         policy,  # WorkerGroup of PolicyWorker with objective=SFTObjective()
         data: SFTDataset,
-        batch_size: int = 128,  # examples per optimizer step, over all data-parallel workers
-        total_steps: int = 500,
+        batch_size: PositiveInt = 128,  # examples per optimizer step, over all data-parallel workers
+        total_steps: PositiveInt = 500,
         evaluator: Evaluator | None = None,  # generation-based exact match on held-out prompts
         val_data: SFTDataset | None = None,  # held-out examples for `val/sft_loss`; None: no val loss
-        val_batch_size: int = 64,  # examples per log-prob call of the validation loss
-        test_freq: int = 0,  # validate every k steps (0: only at the end); always at the end
+        val_batch_size: PositiveInt = 64,  # examples per log-prob call of the validation loss
+        test_freq: NonNegativeInt = 0,  # validate every k steps (0: only at the end); always at the end
         val_before_train: bool = False,  # also validate the initial model (logged at step 0)
         bucketed: bool = False,  # batches of similar lengths (less padding); see length_bucketed_batches
-        save_freq: int = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
-        keep_checkpoints: int = 2,  # complete checkpoints kept (oldest deleted)
-        seed: int = 0,
+        save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
+        keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        seed: NonNegativeInt = 0,
     ):
         self.policy = policy
         self.data = data
@@ -72,7 +73,7 @@ class SFTTrainer:
     def run(self, ctx: StageContext) -> dict:
         checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
         checkpoints.remove_partial()  # what a kill during a save left behind
-        start = self.restore(checkpoints) if ctx.resume else 0
+        start = self.restore(checkpoints, ctx) if ctx.resume else 0
         fingerprints = {"train": self.data.fingerprint}
         if self.val_data is not None:
             fingerprints["val"] = self.val_data.fingerprint
@@ -120,10 +121,10 @@ class SFTTrainer:
             )
         return checkpoints.save(step, lambda folder: self.policy.save_state(str(folder / "policy")), {})
 
-    def restore(self, checkpoints: CheckpointManager) -> int:
-        """Load the newest complete checkpoint, if any; returns the step to continue after."""
-        latest = checkpoints.latest()
-        if latest is None:
-            return 0
-        self.policy.load_state(str(latest / "policy"))
-        return int(CheckpointManager.read_state(latest)["step"])
+    def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
+        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
+        recorded in the run as `resume.skipped`); returns the step to continue after."""
+        folder, state, skipped = checkpoints.resume(lambda f: self.policy.load_state(str(f / "policy")))
+        if folder is not None or skipped:
+            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
+        return int(state["step"])

@@ -97,8 +97,10 @@ def test_every_member_is_checked_before_any_runs(tmp_path):
 def test_a_failing_member_does_not_stop_the_others(tmp_path):
     graph = toy.base(output_dir=str(tmp_path / "out"))
     graph.tracker = None
-    with pytest.raises(SweepError, match=r"1 of 2 members failed: \[0\] scale='x'") as err:
-        rlhf.sweep(graph, [{"stages.read.scale": "x"}, {"stages.read.scale": 2.0}], stages=["train", "read"])
+    # A failure only running shows (a well-typed value: the sweep's preflight would refuse a mistyped one).
+    missing = str(tmp_path / "no-such-checkpoint")
+    with pytest.raises(SweepError, match=r"1 of 2 members failed: \[0\] checkpoint=") as err:
+        rlhf.sweep(graph, [{"stages.read.checkpoint": missing}, {"stages.read.scale": 2.0}], stages=["train", "read"])
     assert err.value.results[0] is None and err.value.results[1]["read"]["metrics"]["toy/read"] == pytest.approx(0.2)
 
 

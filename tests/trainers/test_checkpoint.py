@@ -1,10 +1,14 @@
-"""Checkpoints are atomic: a failed write (e.g. a full disk) leaves the previous one intact."""
+"""Checkpoints are atomic (a failed write leaves the previous one intact) and carry a manifest:
+a checkpoint broken later is set aside and resume falls back to the newest intact one."""
 
 import errno
+import hashlib
+import json
+import re
 
 import pytest
 
-from rlhf.trainers.checkpoint import STATE_FILE, CheckpointError, CheckpointManager
+from rlhf.trainers.checkpoint import MANIFEST, STATE_FILE, CheckpointError, CheckpointManager, verify
 
 
 def write_marker(text):
@@ -53,3 +57,74 @@ def test_a_write_killed_midway_is_cleaned_up_on_the_next_start(tmp_path):
     (tmp_path / ".step_00000002.tmp-abc123" / "weights.bin").write_text("partial")
     CheckpointManager(tmp_path).remove_partial()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000001"]
+
+
+# --------------------------------------------------------------------------- manifest and fallback
+def saved(tmp_path, steps=(1, 2, 3), keep=3):
+    m = CheckpointManager(tmp_path, keep=keep)
+    for step in steps:
+        m.save(step, write_marker(f"w{step}"), {"kl": step})
+    return m
+
+
+def loader(into):
+    def load(folder):
+        into.append((folder.name, (folder / "weights.bin").read_text()))
+
+    return load
+
+
+def test_the_manifest_lists_every_file_with_size_and_checksum(tmp_path):
+    m = saved(tmp_path, steps=(1,))
+    manifest = json.loads((m.latest() / MANIFEST).read_text())
+    assert sorted(manifest["files"]) == ["trainer_state.json", "weights.bin"]
+    assert manifest["files"]["weights.bin"] == {"size": 2, "sha256": hashlib.sha256(b"w1").hexdigest()}
+    assert verify(m.latest()) is None
+
+
+@pytest.mark.parametrize(
+    "damage, reason",
+    [
+        (lambda f: (f / "weights.bin").write_text("w"), r"weights.bin has 1 bytes, the manifest says 2"),
+        (lambda f: (f / "weights.bin").write_text("xx"), r"weights.bin does not match its sha256"),
+        (lambda f: (f / "weights.bin").unlink(), r"weights.bin is missing"),
+        (lambda f: (f / STATE_FILE).unlink(), r"trainer_state.json is missing"),
+        (lambda f: (f / MANIFEST).write_text("{"), r"MANIFEST.json is unreadable"),
+        (lambda f: (f / MANIFEST).unlink(), r"has no MANIFEST.json"),
+    ],
+    ids=["truncated", "bit-rot", "file-deleted", "state-deleted", "manifest-garbled", "no-manifest"],
+)
+def test_a_broken_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, caplog, damage, reason):
+    m = saved(tmp_path)
+    damage(tmp_path / "step_00000003")
+    loaded = []
+    folder, state, skipped = m.resume(loader(loaded))
+    assert folder.name == "step_00000002" and state == {"kl": 2, "step": 2} and loaded == [("step_00000002", "w2")]
+    (line,) = skipped
+    assert re.search(rf"skipped checkpoint .*step_00000003 because .*{reason}", line), line
+    assert line in caplog.text  # a warning, not a silent skip
+    (aside,) = [p for p in tmp_path.iterdir() if p.name.startswith("step_00000003.broken-")]
+    assert aside.name in line  # moved aside, never deleted
+    m.save(3, write_marker("again"), {})  # the same step saved again leaves the broken one alone
+    assert aside.exists() and [p.name for p in m.complete()] == ["step_00000001", "step_00000002", "step_00000003"]
+
+
+def test_a_checkpoint_that_fails_to_load_is_skipped_too(tmp_path):
+    m = saved(tmp_path)
+
+    def load(folder):
+        if folder.name == "step_00000003":
+            raise RuntimeError("size mismatch for model.embed_tokens.weight\nlong trace ...")
+
+    folder, _, skipped = m.resume(load)
+    assert folder.name == "step_00000002"
+    assert "loading it failed (RuntimeError: size mismatch for model.embed_tokens.weight)" in skipped[0]
+
+
+def test_with_no_intact_checkpoint_the_stage_starts_over(tmp_path):
+    m = saved(tmp_path, steps=(1, 2))
+    for p in m.complete():
+        (p / "weights.bin").write_text("zz")
+    folder, state, skipped = m.resume(loader([]))
+    assert folder is None and state == {"step": 0} and len(skipped) == 2
+    assert len([p for p in tmp_path.iterdir() if ".broken-" in p.name]) == 2

@@ -1,6 +1,6 @@
-"""A small resumable RL job, run as a subprocess by test_resume.py.
+"""A small resumable RL job, run as a subprocess by test_kill_and_resume.py.
 
-usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray]
+usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [steps=N] [allow_changes]
 
 With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
 cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
@@ -34,7 +34,7 @@ from rlhf_configs.pieces import policy_group
 TOTAL_STEPS = 8
 
 
-def graph(model: str, out: str, aim: str, ray: bool) -> fdl.Config[Experiment]:
+def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_STEPS) -> fdl.Config[Experiment]:
     tokenizer = fdl.Config(load_tokenizer, model)
     stage = fdl.Config(
         RLTrainer,
@@ -55,7 +55,7 @@ def graph(model: str, out: str, aim: str, ray: bool) -> fdl.Config[Experiment]:
         advantage=fdl.Config(GRPO),
         sampling=fdl.Config(SamplingParams, n=4, max_new_tokens=6),
         prompts_per_step=4,  # 6 steps per epoch: the run crosses an epoch boundary
-        total_steps=TOTAL_STEPS,
+        total_steps=steps,
         save_freq=1,
         keep_checkpoints=2,
         records=fdl.Config(RolloutRecorder),
@@ -94,5 +94,6 @@ if __name__ == "__main__":
     torch.set_num_threads(1)
     if os.environ.get("KILL_AT"):
         install_kill_switch(int(os.environ["KILL_AT"]), os.environ.get("KILL_MODE", "mid_step"))
-    model, out, aim = sys.argv[1:4]
-    run_experiment(graph(model, out, aim, ray="ray" in sys.argv[4:]))
+    model, out, aim, *flags = sys.argv[1:]
+    steps = next((int(f.removeprefix("steps=")) for f in flags if f.startswith("steps=")), TOTAL_STEPS)
+    run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps), allow_changes="allow_changes" in flags)

@@ -1,0 +1,33 @@
+"""Small real stages for the run-identity tests: they write files, so a rerun that works shows."""
+
+from pathlib import Path
+
+from rlhf.ranges import PositiveInt
+
+
+class CountStage:
+    """Appends one line per step to `steps.txt`, continuing after the lines already there."""
+
+    def __init__(self, steps: PositiveInt = 2, label: str = "a"):
+        self.steps, self.label = steps, label
+
+    def run(self, ctx):
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        path = ctx.out_dir / "steps.txt"
+        done = path.read_text().splitlines() if path.exists() else []
+        with path.open("a") as f:
+            for step in range(len(done) + 1, self.steps + 1):
+                f.write(f"{self.label}{step}\n")
+        return {"checkpoint": str(path), "metrics": {"steps": float(self.steps)}}
+
+
+class OtherCountStage(CountStage):
+    """The same interface, another algorithm (a component of another kind)."""
+
+
+class ReadStage:
+    def __init__(self, checkpoint: str):
+        self.checkpoint = checkpoint
+
+    def run(self, ctx):
+        return {"metrics": {"lines": float(len(Path(self.checkpoint).read_text().splitlines()))}}

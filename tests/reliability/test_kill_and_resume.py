@@ -1,0 +1,153 @@
+"""A run killed with SIGKILL and resumed ends bit-identical to an uninterrupted one, also when the
+newest checkpoint is broken; a rerun under the same run name with another graph stops before any
+work unless the change is allowed, and then really runs it.
+
+One uninterrupted reference run (module fixture) serves every case: the kill cases compare with
+it, the rerun cases continue copies of it.
+"""
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rlhf.config.validate import PreflightError
+from rlhf.runtime.experiment import run_experiment
+from rlhf.tracking.query import find_runs, metric_values
+from rlhf.trainers.records import read_records
+from helpers import tiny_model_path
+
+JOB = Path(__file__).with_name("resume_job.py")
+METRICS = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"]
+STAGE = Path("resume") / "job" / "rl"
+
+
+def job(out: Path, aim: Path, *extra: str, kill: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    env.pop("KILL_AT", None)
+    env.update(kill or {})
+    return subprocess.Popen(
+        [sys.executable, str(JOB), tiny_model_path(), str(out), str(aim), *extra],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> str:
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    return err
+
+
+def weights(out: Path) -> dict[str, torch.Tensor]:
+    return load_file(str(out / STAGE / "final" / "model.safetensors"))
+
+
+def logged(aim: Path) -> dict[str, list]:
+    (run,) = find_runs(str(aim), experiment="resume")
+    return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
+
+
+def kill(tmp: Path, kill_at: int, mode: str) -> tuple[Path, Path]:
+    out, aim = tmp / "out", tmp / "aim"
+    killed = job(out, aim, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
+    killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL, f"the job was to be killed at step {kill_at}"
+    return out, aim
+
+
+def truncate_newest_weights(out: Path) -> Path:
+    """What a disk that filled up, or a bad copy, leaves: the newest checkpoint's weights cut short."""
+    newest = sorted((out / STAGE / "checkpoints").glob("step_*"))[-1]
+    (weights_file,) = (newest / "policy").glob("model*.safetensors")
+    weights_file.write_bytes(weights_file.read_bytes()[:1000])
+    return newest
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted run of the same job."""
+    ref = tmp_path_factory.mktemp("ref")
+    finish(job(ref / "out", ref / "aim"))
+    return ref
+
+
+# The job has 6 steps per epoch: the second case dies right after the epoch-boundary checkpoint.
+# The first also truncates the newest checkpoint before resuming: resume must fall back to the
+# one before it (or to the start, when the kill came at step 1) and still end bit-identical.
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill_at, mode, corrupt",
+    [(random.Random().randint(1, 5), "mid_step", True), (6, "after_checkpoint", False)],
+    ids=["random_step_corrupt_newest_checkpoint", "epoch_boundary"],
+)
+def test_sigkill_and_resume_is_bit_identical(tmp_path, reference, kill_at, mode, corrupt):
+    out, aim = kill(tmp_path / "killed", kill_at, mode)
+    broken = truncate_newest_weights(out) if corrupt else None
+    err = finish(job(out, aim))
+
+    expected, resumed = weights(reference / "out"), weights(out)
+    assert expected.keys() == resumed.keys()
+    for k in expected:
+        assert torch.equal(expected[k], resumed[k]), f"{k} differs after resuming at step {kill_at}"
+    assert logged(aim) == logged(reference / "aim")  # no step lost or doubled
+    (run,) = find_runs(str(aim), experiment="resume")
+    assert run["params"]["status"] == "finished" and run["params"]["resumed"] == 1
+    steps = [r["step"] for r in read_records(out / STAGE)]
+    assert steps == sorted(steps) and set(steps) == set(range(1, 9)) and len(steps) == 8 * 16
+    ckpts = sorted(p.name for p in (out / STAGE / "checkpoints").iterdir())
+    if corrupt:
+        assert f"skipped checkpoint {broken} because" in err and "truncated or replaced" in err
+        assert run["params"]["resume"]["skipped"][0].startswith(f"skipped checkpoint {broken}")
+        (aside,) = [c for c in ckpts if c.startswith(f"{broken.name}.broken-")]  # kept, never deleted
+        ckpts.remove(aside)
+    assert ckpts == ["step_00000007", "step_00000008"]  # keep-last-2, no temporary folders left
+
+
+def continued_copy(reference: Path, tmp: Path) -> tuple[Path, Path]:
+    """A copy of the finished reference run to rerun (the reference stays as it is)."""
+    shutil.copytree(reference / "out", tmp / "out")
+    shutil.copytree(reference / "aim", tmp / "aim")
+    return tmp / "out", tmp / "aim"
+
+
+@pytest.mark.slow
+def test_more_steps_need_allow_changes_and_then_really_run(tmp_path, reference):
+    import resume_job  # this folder is on sys.path (pytest's rootdir-relative import)
+
+    out, aim = continued_copy(reference, tmp_path)
+    with pytest.raises(PreflightError) as err:  # in-process: the preflight refuses before any model loads
+        run_experiment(resume_job.graph(tiny_model_path(), str(out), str(aim), steps=10))
+    assert "total_steps: 8 -> 10" in str(err.value) and "--allow_changes" in str(err.value)
+    assert "set:run_name='job-2'" in str(err.value)
+    assert len(read_records(out / STAGE)) == 8 * 16  # nothing ran
+
+    finish(job(out, aim, "steps=10", "allow_changes"))
+    steps = sorted({r["step"] for r in read_records(out / STAGE)})
+    assert steps == list(range(1, 11))  # steps 9 and 10 ran, continued from checkpoint 8
+    (run,) = find_runs(str(aim), experiment="resume")
+    assert [s for s, _ in metric_values(str(aim), run["hash"], "actor/pg_loss")] == list(range(1, 11))
+    first, second = run["params"]["invocations"]  # the Aim run records each invocation
+    assert first["changes"] == {} and second["changes"] == {"rl": ["total_steps: 8 -> 10"]}
+    assert second["allow_changes"] is True
+    assert run["params"]["graph"]["total_steps"] == 10 and run["params"]["status"] == "finished"
+
+
+def test_resuming_into_a_run_of_another_model_is_a_preflight_error(tmp_path, reference):
+    """In-process: the preflight stops it before any model loads."""
+    import resume_job  # this folder is on sys.path (pytest's rootdir-relative import)
+
+    out, aim = continued_copy(reference, tmp_path)
+    other = tiny_model_path(seed=1)
+    graph = resume_job.graph(other, str(out), str(aim))
+    with pytest.raises(PreflightError) as err:
+        run_experiment(graph, allow_changes=True)  # not even allowed changes cover another model
+    message = str(err.value)
+    assert "different model or algorithm" in message
+    assert f"policy.worker.model_path: '{tiny_model_path()}' -> '{other}'" in message
