@@ -146,7 +146,7 @@ def plain_update(model, ref_model, batch, micro_batch: int, optimizer, device) -
     """The same update in plain PyTorch: the floor our update is held to (same math, no framework)."""
     b = batch.to(device)
     r = b["responses"].shape[1]
-    mask, labels = b["response_mask"].float(), b["responses"]
+    mask = b["response_mask"].float()
     num_tokens = mask.sum()
 
     def log_probs(m, ids, am, pos, lab):
@@ -307,7 +307,6 @@ def run_plain(path: str, shape: Shape, steps: int, device: torch.device) -> dict
     model = load_causal_lm(path, "float32").to(device)
     ref = load_causal_lm(path, "bfloat16").to(device).eval()
     opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    g = torch.Generator().manual_seed(0)
     records = []
     for step in range(steps + 1):
         prompts = prompt_batch(shape, step).to(device)

@@ -15,6 +15,7 @@ from transformers import AutoModelForTokenClassification
 
 from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.loading import resolve_model_path
 from rlhf.workers.accelerator import Strategy
 from rlhf.workers.precision import DType, check_trainable_precision
@@ -52,13 +53,13 @@ class CriticWorker:
         compute_dtype: DType = "float32",  # matmuls under autocast; "bfloat16" on GPUs
         gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, more compute
         # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
-        max_tokens_per_micro_batch: int | None = None,
-        max_tokens_per_forward: int | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
-        micro_batch_size: int = 64,
-        mini_batches: int = 1,
-        epochs: int = 1,
-        grad_clip: float | None = 1.0,
-        seed: int = 0,
+        max_tokens_per_micro_batch: PositiveInt | None = None,
+        max_tokens_per_forward: PositiveInt | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
+        micro_batch_size: PositiveInt = 64,
+        mini_batches: PositiveInt = 1,
+        epochs: PositiveInt = 1,
+        grad_clip: PositiveFloat | None = 1.0,
+        seed: NonNegativeInt = 0,
     ):
         check_trainable_precision("CriticWorker", dtype, compute_dtype)
         self.value_loss = value_loss if value_loss is not None else ClippedValueLoss()

@@ -16,6 +16,7 @@ import torch
 
 from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy
 from rlhf.batch import Batch
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
 from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
@@ -103,19 +104,19 @@ class PolicyWorker:
         strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs
         dtype: DType = "float32",  # storage of the policy's weights: float32 when trained (master weights)
         compute_dtype: DType = "float32",  # matmuls (autocast) and the reference model's storage; "bfloat16" on GPUs
-        micro_batch_size: int = 64,  # rows per forward/backward (gradient accumulation below it)
+        micro_batch_size: PositiveInt = 64,  # rows per forward/backward (gradient accumulation below it)
         gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, ~30% more compute
         # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
-        max_tokens_per_micro_batch: int | None = None,
-        max_tokens_per_forward: int | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
-        logits_block_elements: int | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
+        max_tokens_per_micro_batch: PositiveInt | None = None,
+        max_tokens_per_forward: PositiveInt | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
+        logits_block_elements: PositiveInt | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
         fused_lm_head: bool | None = None,  # LM head applied per block (no (B,T,V) logits); None: on GPUs
-        mini_batches: int = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
-        epochs: int = 1,  # passes over the batch per update call (PPO epochs)
-        grad_clip: float | None = 1.0,  # max global gradient norm; None: no clipping
+        mini_batches: PositiveInt = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
+        epochs: PositiveInt = 1,  # passes over the batch per update call (PPO epochs)
+        grad_clip: PositiveFloat | None = 1.0,  # max global gradient norm; None: no clipping
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(r=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
-        seed: int = 0,
+        seed: NonNegativeInt = 0,
     ):
         if objective is not None:
             check_trainable_precision("PolicyWorker", dtype, compute_dtype)

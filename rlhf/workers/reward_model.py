@@ -20,6 +20,7 @@ from transformers import (
 )
 
 from rlhf.batch import Batch
+from rlhf.ranges import PositiveInt
 from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import resolve_model_path
 from rlhf.workers.accelerator import Strategy
@@ -73,8 +74,8 @@ class RewardModelWorker:
         tokenizer_path: str | None = None,  # its tokenizer with the chat template; None: model_path
         strategy: Strategy = "auto",
         dtype: str = "float32",  # weights' dtype ("bfloat16" on GPUs)
-        micro_batch_size: int = 16,  # conversations per forward pass
-        max_length: int = 2048,  # tokens per conversation after the chat template (left part cut)
+        micro_batch_size: PositiveInt = 16,  # conversations per forward pass
+        max_length: PositiveInt = 2048,  # tokens per conversation after the chat template (left part cut)
     ):
         self.tokenizer = load_reward_tokenizer(tokenizer_path or model_path)
         self.trainer = ModelTrainer(
