@@ -68,10 +68,13 @@ class ModelTrainer:
         self.compute_dtype = compute_dtype
         torch_dtype(compute_dtype, "compute_dtype")
         self.skipped_steps = 0
-        if gradient_checkpointing:
-            if not hasattr(model, "gradient_checkpointing_enable"):
+        if gradient_checkpointing:  # transformers 5 renamed it activation checkpointing
+            if hasattr(model, "activation_checkpointing_enable"):
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            elif hasattr(model, "gradient_checkpointing_enable"):
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            else:
                 raise ValueError(f"gradient_checkpointing=True needs a Hugging Face model; got {type(model).__name__}")
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if optimizer is not None:
             trainable = [p for p in model.parameters() if p.requires_grad]  # frozen weights get no optimizer state
             self.model, self.optimizer = self.accelerator.prepare(model, optimizer(trainable))
