@@ -260,6 +260,11 @@ def as_rows(
     return rows_from_list(list(rows), source=source, kind=kind)
 
 
+def to_rows(rows: datasets.Dataset) -> list[dict]:
+    """The rows of a validated dataset as Python dicts (canonical form), for small datasets and tests."""
+    return [json.loads(text) for text in rows["row"]]
+
+
 def rows_fingerprint(rows: datasets.Dataset, *, cache_dir: str | Path | None = None) -> str:
     """`fingerprint_rows` of a validated dataset's rows, read from the Arrow column in chunks.
 
