@@ -346,7 +346,9 @@ def load_file(
                 cache_dir=str(Path(cache_dir).expanduser() / "datasets") if cache_dir is not None else None,
             )
         except Exception as err:  # noqa: BLE001 - datasets raises many types; read_rows words the cause
-            read_rows(file, on_error="raise")  # raises the exact DataError when the data is at fault
+            if not read_rows(file, on_error="raise")[0]:  # raises the exact DataError when the data is at fault
+                raise DataError(f"{source}: the file has no rows. Fix: write the rows again, or point at another "
+                                "file.", source=source) from err
             raise DataError(f"{source}: cannot be read with `datasets` ({type(err).__name__}: {err}). "
                             "Fix: check the file, or rewrite it with rlhf.data.write_rows.", source=source) from err
         dataset, report = validate_dataset(raw, source=source, kind=kind, on_error=on_error,

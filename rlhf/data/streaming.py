@@ -26,7 +26,7 @@ import datasets
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
-from rlhf.data.arrow import OK, RowKind, builder_for, canonical_json, normalize_row
+from rlhf.data.arrow import BAD, BLANK, OK, RowKind, builder_for, canonical_json, normalize_row
 from rlhf.data.files import _check_readable, parse_jsonl_line
 from rlhf.data.schema import DataError
 from rlhf.data.tokenize import chat_prompt_ids_batch
@@ -133,6 +133,13 @@ class StreamingPromptDataset:
         self.num_filtered = 0
         self.num_truncated = 0
         self._scan: tuple[str, set[str]] | None = None
+
+    @staticmethod
+    def preflight(arguments: dict) -> None:
+        """Before any stage runs: the settings (the stream itself is checked by `load_rows`' hook)."""
+        from rlhf.data.prompts import _check_settings
+
+        _check_settings(arguments.get("max_prompt_length", 512), arguments.get("overlong", "filter"))
 
     # ----------------------------------------------------------- lineage
     def _scanned(self) -> tuple[str, set[str]]:
