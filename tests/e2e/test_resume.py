@@ -1,5 +1,6 @@
 """A run killed with SIGKILL at a random step and resumed ends bit-identical to an uninterrupted one."""
 
+import json
 import os
 import random
 import signal
@@ -43,12 +44,12 @@ def logged(aim: Path) -> dict[str, list]:
     return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
 
 
-def run_killed_then_resumed(tmp: Path, kill_at: int, mode: str) -> None:
+def run_killed_then_resumed(tmp: Path, kill_at: int, mode: str, *extra: str) -> None:
     out, aim = tmp / "out", tmp / "aim"
-    killed = job(out, aim, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
+    killed = job(out, aim, *extra, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
     killed.communicate(timeout=600)
     assert killed.returncode == -signal.SIGKILL, f"the job was to be killed at step {kill_at}"
-    finish(job(out, aim))
+    finish(job(out, aim, *extra))
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +81,19 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, reference, kill_at, mode)
     assert steps == sorted(steps) and set(steps) == set(range(1, 9)) and len(steps) == 8 * 16
     ckpts = sorted(p.name for p in (tmp_path / "killed" / "out" / "resume" / "job" / "rl" / "checkpoints").iterdir())
     assert ckpts == ["step_00000007", "step_00000008"]  # keep-last-2, no temporary folders left
+
+
+@pytest.mark.slow
+def test_a_streamed_dataset_resumes_bit_identically(tmp_path):
+    """Prompts streamed from a file (StreamingPromptDataset): the resumed run reads on from the stream position
+    saved in the checkpoint, and ends as the uninterrupted run does (the kill step may cross the epoch boundary)."""
+    finish(job(tmp_path / "ref" / "out", tmp_path / "ref" / "aim", "stream"))
+    kill_at = random.Random().randint(1, 7)
+    run_killed_then_resumed(tmp_path / "killed", kill_at, "mid_step", "stream")
+    expected, resumed = weights(tmp_path / "ref" / "out"), weights(tmp_path / "killed" / "out")
+    for k in expected:
+        assert torch.equal(expected[k], resumed[k]), f"{k} differs after resuming at step {kill_at}"
+    assert logged(tmp_path / "killed" / "aim") == logged(tmp_path / "ref" / "aim")
+    state = json.loads((tmp_path / "killed" / "out" / "resume" / "job" / "rl" / "checkpoints" / "step_00000008"
+                        / "trainer_state.json").read_text())
+    assert state["data_position"] == {"epoch": 1, "consumed": 8}  # 6 batches of 4 per epoch, then 2 more
