@@ -10,7 +10,8 @@ torch thread, times `PromptDataset(load_rows(path))` up to its first shuffled ba
 - warm: the same again, reading the caches (a second start, a resume, the build after preflight);
 - list: the pre-Arrow path (rows read into Python lists, validated, fingerprinted, templated and
   tokenised one by one, as `PromptDataset` did before it moved onto `datasets`), at --baseline-rows.
-Peak RSS is the process's own maximum (`ru_maxrss`) up to the first batch; `workers` is the
+`cpu_s` is the CPU time of the process and its workers (on a shared machine, wall seconds
+depend on the other load; CPU seconds much less). Peak RSS is the process's own maximum (`ru_maxrss`) up to the first batch; `workers` is the
 largest map worker's (`num_proc` processes fork from the main one, so they share its pages).
 Prints one JSON object and a table.
 """
@@ -81,8 +82,10 @@ def child(mode: str, path: str, cache: str, num_proc: int | None) -> dict:
         batch, rows = next(data.shuffled(64, seed=0)), len(data)
     seconds = time.perf_counter() - start
     assert batch["input_ids"].shape[0] == 64
+    me, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return {
         "seconds": round(seconds, 2),
+        "cpu_s": round(me.ru_utime + me.ru_stime + workers.ru_utime + workers.ru_stime, 2),
         "import_and_tokenizer_s": round(imported, 2),
         "rows": rows,
         "peak_rss_gb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
@@ -148,14 +151,15 @@ def main() -> None:
             write_rows_parquet(args.baseline_rows, small)
         result["list_baseline"] = {"rows": args.baseline_rows, **measure("list", small, cache, None)}
     print(json.dumps(result))
-    print(f"\n| path | rows | seconds to first batch | of which import + tokenizer | peak RSS GB | workers' peak GB |")
-    print("|---|---|---|---|---|---|")
+    print("\n| path | rows | seconds to first batch | of which import + tokenizer | CPU seconds | peak RSS GB | "
+          "workers' peak GB |")
+    print("|---|---|---|---|---|---|---|")
     for name in ("cold", "warm", "list_baseline"):
         if name in result:
             r = result[name]
             rows = r.get("rows", args.rows) if name == "list_baseline" else args.rows
-            print(f"| {name} | {rows:,} | {r['seconds']} | {r['import_and_tokenizer_s']} | {r['peak_rss_gb']} | "
-                  f"{r['peak_rss_workers_gb']} |")
+            print(f"| {name} | {rows:,} | {r['seconds']} | {r['import_and_tokenizer_s']} | {r['cpu_s']} | "
+                  f"{r['peak_rss_gb']} | {r['peak_rss_workers_gb']} |")
 
 
 if __name__ == "__main__":

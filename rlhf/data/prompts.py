@@ -81,6 +81,7 @@ class ArrowRows(Sequence):
     def __getitem__(self, index):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
+        index = int(index)
         if index < 0:
             index += len(self)
         if not 0 <= index < len(self):
