@@ -4,9 +4,10 @@ Any callable in a graph may carry a `preflight(arguments)` attribute (a plain fu
 staticmethod taking the node's arguments as a dict); `preflight(graph)` calls it for every
 node and reports every failure at once. Arguments that are still unresolved (`StageOutput`,
 sub-graphs) reach a hook as `fdl.Buildable`s: a hook checks only the values it can see. A hook
-with `wants_values = True` (a dataset that must read its rows with its tokenizer) gets its
-sub-graph arguments built first; one that cannot be built now (a stage output, a missing file
-that its own hook reports) reaches it as the `fdl.Buildable`.
+with `wants_values = True` (a dataset that must read its rows with its tokenizer) gets the
+arguments that are loaders built first: sub-graphs whose callable has a preflight hook of its
+own (`load_rows`, `load_tokenizer`), so preflight reads them anyway. One that cannot be built
+now (a stage output, a missing file that its own hook reports) reaches it as the `fdl.Buildable`.
 """
 
 from __future__ import annotations
@@ -50,8 +51,9 @@ def preflight_problems(graph: Any) -> list[str]:
 
 
 def _built(value: Any) -> Any:
-    """`value` built when it is a sub-graph that builds now, else `value` itself."""
-    if not isinstance(value, fdl.Buildable):
+    """`value` built when it is a loader's sub-graph (its callable has a preflight hook) that builds now,
+    else `value` itself."""
+    if not isinstance(value, fdl.Buildable) or not callable(getattr(fdl.get_callable(value), "preflight", None)):
         return value
     try:
         return fdl.build(value)

@@ -149,7 +149,7 @@ def _validate_batch(
         else:
             try:
                 row = normalize_row(json.loads(raw) if jsonl else raw, source=source, index=index, kind=kind)
-                text = canonical_json(row, index)
+                text = canonical_json(row, index, normalized=True)
                 data_source = row.get("data_source")
             except (DataError, ValueError, TypeError):  # the message is rebuilt exactly in `_bad_row_errors`
                 status = BAD
@@ -235,7 +235,7 @@ def rows_from_list(rows: Sequence[Mapping], *, source: str, kind: RowKind = "pro
     texts, sources = [], []
     for index, row in enumerate(rows):
         row = normalize_row(row, source=source, index=index, kind=kind)
-        texts.append(canonical_json(row, index))
+        texts.append(canonical_json(row, index, normalized=True))
         sources.append(row.get("data_source") if isinstance(row.get("data_source"), str) else None)
     features = datasets.Features({"row": datasets.Value("string"), "data_source": datasets.Value("string")})
     return datasets.Dataset.from_dict({"row": texts, "data_source": sources}, features=features)

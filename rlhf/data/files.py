@@ -18,6 +18,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+import numpy as np
+
 from rlhf.data.schema import DataError, to_python, validate_row
 
 SUFFIXES = (".parquet", ".jsonl", ".json")
@@ -259,25 +261,31 @@ def _write_parquet(rows: list[dict], tmp: Path, path: Path) -> None:
 
 
 def without_none(value: Any) -> Any:
-    """`value` as plain Python with every dict entry whose value is None removed (at any depth).
+    """`value` as plain Python (as `to_python`) with every dict entry whose value is None removed, at any depth.
 
     Arrow (parquet, `datasets`) stores dicts as structs and fills the keys a row lacks with
     None, so a row read back from Arrow has None where the same row from JSON Lines has no key.
     A None entry and a missing one mean the same here; this is the one form both become.
     """
-    value = to_python(value)
-    if isinstance(value, dict):
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool:  # the common leaves, without ABC checks
+        return value
+    if kind is dict or isinstance(value, Mapping):
         return {k: without_none(v) for k, v in value.items() if v is not None}
-    if isinstance(value, list):
+    if kind is list or kind is tuple:
         return [without_none(v) for v in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return without_none(to_python(value))
     return value
 
 
-def canonical_json(row: Mapping, index: int = 0) -> str:
-    """`row` as compact, key-sorted JSON without None-valued dict entries (`without_none`):
-    the form fingerprints are computed over, whichever route the row came by."""
+def canonical_json(row: Mapping, index: int = 0, *, normalized: bool = False) -> str:
+    """`row` as compact, key-sorted JSON without None-valued dict entries (`without_none`; skipped when
+    `normalized` says the row is already in that form): the form fingerprints are computed over,
+    whichever route the row came by."""
     try:
-        return json.dumps(without_none(row), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+        return json.dumps(row if normalized else without_none(row), sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
     except (TypeError, ValueError) as err:
         raise DataError(
             f"row {index} cannot be fingerprinted: {err}. Fix: keep rows to JSON types "

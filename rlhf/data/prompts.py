@@ -171,12 +171,13 @@ class PromptDataset:
 
     @staticmethod
     def preflight(arguments: dict) -> None:
-        """Before any stage runs: check the settings, and build the dataset when its rows and tokenizer can be
-        built (`wants_values`), so an empty file or one whose every prompt is too long stops the run there,
-        naming the file. The tokenised rows are cached, so the run's own build is a cache hit."""
+        """Before any stage runs: check the settings, and build the dataset when its rows are a loaded dataset
+        (a file, a `datasets` folder) and its tokenizer builds (`wants_values`), so an empty file or one whose
+        every prompt is too long stops the run there, naming the file. The tokenised rows are cached, so the
+        run's own build is a cache hit. Rows from a generator (a list) are checked when the dataset is built."""
         _check_settings(arguments.get("max_prompt_length", 512), arguments.get("overlong", "filter"))
         rows, tokenizer = arguments.get("rows"), arguments.get("tokenizer")
-        if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, (list, tuple, datasets.Dataset)):
+        if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, datasets.Dataset):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the run's own build warns
                 PromptDataset(**arguments)

@@ -263,10 +263,11 @@ class SFTDataset:
 
     @staticmethod
     def preflight(arguments: dict) -> None:
-        """Before any stage runs: build the dataset when its rows and tokenizer can be built (`wants_values`),
-        so an empty file, a bad row or a file whose every example is too long stops the run there."""
+        """Before any stage runs: build the dataset when its rows are a loaded dataset (a file) and its tokenizer
+        builds (`wants_values`), so a file whose every example is too long stops the run there, naming the file.
+        The result is cached for the run's own build; rows from a generator are checked when it is built."""
         rows, tokenizer = arguments.get("rows"), arguments.get("tokenizer")
-        if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, (list, tuple, datasets.Dataset)):
+        if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, datasets.Dataset):
             SFTDataset(**arguments)
 
     def __len__(self) -> int:

@@ -43,7 +43,7 @@ def _validate_example(
     try:
         raw = parse_jsonl_line(example["text"].encode("utf-8"), source, index, index + 1) if jsonl else dict(example)
         row = normalize_row(raw, source=source, index=index, kind=kind, line=index + 1 if jsonl else None)
-        out["row"], out["data_source"] = canonical_json(row, index), row.get("data_source")
+        out["row"], out["data_source"] = canonical_json(row, index, normalized=True), row.get("data_source")
     except DataError as err:
         if on_error == "raise":
             raise
