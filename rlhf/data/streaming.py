@@ -20,7 +20,7 @@ import json
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import datasets
 from transformers import PreTrainedTokenizerBase
