@@ -3,7 +3,11 @@
 Any callable in a graph may carry a `preflight(arguments)` attribute (a plain function or
 staticmethod taking the node's arguments as a dict); `preflight(graph)` calls it for every
 node and reports every failure at once. Arguments that are still unresolved (`StageOutput`,
-sub-graphs) reach a hook as `fdl.Buildable`s: a hook checks only the values it can see.
+sub-graphs) reach a hook as `fdl.Buildable`s: a hook checks only the values it can see. A hook
+with `wants_values = True` (a dataset that must read its rows with its tokenizer) gets the
+arguments that are loaders built first: sub-graphs whose callable has a preflight hook of its
+own (`load_rows`, `load_tokenizer`), so preflight reads them anyway. One that cannot be built
+now (a stage output, a missing file that its own hook reports) reaches it as the `fdl.Buildable`.
 """
 
 from __future__ import annotations
@@ -34,10 +38,24 @@ def preflight_problems(graph: Any) -> list[str]:
             hook = getattr(fdl.get_callable(value), "preflight", None)
             if callable(hook):
                 try:
-                    hook(fdl.ordered_arguments(value, include_defaults=True))
+                    arguments = fdl.ordered_arguments(value, include_defaults=True)
+                    if getattr(hook, "wants_values", False):
+                        arguments = {name: _built(argument) for name, argument in arguments.items()}
+                    hook(arguments)
                 except Exception as err:  # noqa: BLE001 - every problem is reported, then raised
                     where = daglish.path_str(path) or "<root>"
                     message = f"- at {where}: {err}"
                     if message not in problems:
                         problems.append(message)
     return problems
+
+
+def _built(value: Any) -> Any:
+    """`value` built when it is a loader's sub-graph (its callable has a preflight hook) that builds now,
+    else `value` itself."""
+    if not isinstance(value, fdl.Buildable) or not callable(getattr(fdl.get_callable(value), "preflight", None)):
+        return value
+    try:
+        return fdl.build(value)
+    except Exception:  # noqa: BLE001 - reported by the sub-graph's own hook, or resolved later (stage outputs)
+        return value

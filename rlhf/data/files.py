@@ -1,9 +1,11 @@
 """Read and write prompt rows as parquet, jsonl or json, checking every row on the way in.
 
 Rows come back as plain Python (lists, dicts, ints: never numpy), with `extra_info`
-always a dict, so a row read from parquet equals the same row read from jsonl and both
-have the same `fingerprint_rows`. Parquet stores nested dicts as structs: a key that
-some rows lack comes back as None in those rows (jsonl keeps rows exactly).
+always a dict. Parquet stores nested dicts as structs: a key that some rows lack comes
+back as None in those rows (jsonl keeps rows exactly); `fingerprint_rows` treats a None
+entry as a missing one, so the same rows have the same fingerprint from either file.
+These Python-list readers serve small files and error reports; datasets for training
+read files through Arrow (`rlhf.data.sources.load_rows`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from rlhf.data.schema import DataError, to_python, validate_row
 
@@ -160,27 +164,33 @@ def _read_jsonl(path: Path, report: ReadReport, on_error: str) -> Iterator[tuple
         for line_number, raw in enumerate(f, start=1):
             if not raw.strip():
                 continue
-            problem = None
             try:
-                row = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as err:
-                problem = (
-                    f"{path}, row {index} (line {line_number}): bytes that are not UTF-8 at column "
-                    f"{err.start + 1} ({raw[err.start:err.start + 4]!r}). Fix: re-encode the file as UTF-8."
-                )
-            except json.JSONDecodeError as err:
-                problem = (
-                    f"{path}, row {index} (line {line_number}): invalid JSON at column {err.colno} "
-                    f"({err.msg}). Fix: each line of a .jsonl file must be one complete JSON object."
-                )
-            if problem is not None:
+                row = parse_jsonl_line(raw, path, index, line_number)
+            except DataError as err:
                 report.rows_total += 1
                 if on_error == "raise":
-                    raise DataError(problem, source=str(path), index=index)
-                report._skip(problem)
+                    raise
+                report._skip(str(err))
             else:
                 yield index, line_number, row
             index += 1
+
+
+def parse_jsonl_line(raw: bytes, path: str | Path, index: int, line_number: int) -> Any:
+    """One line of a .jsonl file as Python; a `DataError` naming file, row and line if it is not JSON."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        problem = (
+            f"{path}, row {index} (line {line_number}): bytes that are not UTF-8 at column "
+            f"{err.start + 1} ({raw[err.start:err.start + 4]!r}). Fix: re-encode the file as UTF-8."
+        )
+    except json.JSONDecodeError as err:
+        problem = (
+            f"{path}, row {index} (line {line_number}): invalid JSON at column {err.colno} "
+            f"({err.msg}). Fix: each line of a .jsonl file must be one complete JSON object."
+        )
+    raise DataError(problem, source=str(path), index=index)
 
 
 def write_rows(rows: Iterable[Mapping], path: str | Path) -> Path:
@@ -250,19 +260,46 @@ def _write_parquet(rows: list[dict], tmp: Path, path: Path) -> None:
         ) from err
 
 
+def without_none(value: Any) -> Any:
+    """`value` as plain Python (as `to_python`) with every dict entry whose value is None removed, at any depth.
+
+    Arrow (parquet, `datasets`) stores dicts as structs and fills the keys a row lacks with
+    None, so a row read back from Arrow has None where the same row from JSON Lines has no key.
+    A None entry and a missing one mean the same here; this is the one form both become.
+    """
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool:  # the common leaves, without ABC checks
+        return value
+    if kind is dict or isinstance(value, Mapping):
+        return {k: without_none(v) for k, v in value.items() if v is not None}
+    if kind is list or kind is tuple:
+        return [without_none(v) for v in value]
+    if isinstance(value, (np.ndarray, np.generic)):
+        return without_none(to_python(value))
+    return value
+
+
+def canonical_json(row: Mapping, index: int = 0, *, normalized: bool = False) -> str:
+    """`row` as compact, key-sorted JSON without None-valued dict entries (`without_none`; skipped when
+    `normalized` says the row is already in that form): the form fingerprints are computed over,
+    whichever route the row came by."""
+    try:
+        return json.dumps(row if normalized else without_none(row), sort_keys=True, ensure_ascii=False,
+                          separators=(",", ":"))
+    except (TypeError, ValueError) as err:
+        raise DataError(
+            f"row {index} cannot be fingerprinted: {err}. Fix: keep rows to JSON types "
+            "(str, int, float, bool, None, lists, dicts with string keys).",
+            index=index,
+        ) from err
+
+
 def fingerprint_rows(rows: Iterable[Mapping]) -> str:
-    """sha256 of the rows as canonical JSON (sorted keys): equal rows give equal hex digests
-    in any process, whatever the Python hash seed, and whichever file format they came from."""
+    """sha256 of the rows as canonical JSON (`canonical_json`, one line each): equal rows give equal
+    hex digests in any process, whatever the Python hash seed, and whichever route they came by
+    (a list, parquet, JSON Lines, `datasets`: see `rlhf.data.arrow.rows_fingerprint`)."""
     digest = hashlib.sha256()
     for index, row in enumerate(rows):
-        try:
-            line = json.dumps(to_python(row), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-        except (TypeError, ValueError) as err:
-            raise DataError(
-                f"row {index} cannot be fingerprinted: {err}. Fix: keep rows to JSON types "
-                "(str, int, float, bool, None, lists, dicts with string keys).",
-                index=index,
-            ) from err
-        digest.update(line.encode("utf-8"))
+        digest.update(canonical_json(row, index).encode("utf-8"))
         digest.update(b"\n")
     return digest.hexdigest()

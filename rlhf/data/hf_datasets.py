@@ -1,33 +1,20 @@
 """Rows from Hugging Face `datasets`: a local folder or file, or a hub dataset when reachable.
 
-`datasets` is optional (`pip install datasets`); without it, or offline with a hub id, the
-error says how to get the rows another way. Rows come back as plain Python and are checked
-with `validate_row`, exactly as `rlhf.data.sources.load_rows` returns them, so the same data
-read from a parquet file or through `datasets` has the same fingerprint.
+The rows come back as a validated Arrow dataset (`rlhf.data.arrow`), exactly as
+`rlhf.data.sources.load_rows` returns a file's, so the same data read from a parquet file
+or through `datasets.load_dataset` has the same fingerprint.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from rlhf.data.schema import DataError, to_python, validate_row
+import datasets
 
-INSTALL_HINT = (
-    "Fix: install it (`pip install datasets`), or read the files directly with "
-    "rlhf.data.sources.load_rows (parquet / jsonl / json)."
-)
-
-
-def _datasets_module():
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(
-            f"load_hf_rows needs the Hugging Face `datasets` package, which is not installed. {INSTALL_HINT}"
-        ) from err
-    return datasets
+from rlhf.data.arrow import mark_source, validate_dataset
+from rlhf.data.schema import DataError
 
 
 def _is_local(path: str) -> bool:
@@ -39,18 +26,21 @@ def load_hf_rows(
     split: str = "train",  # the split to read, e.g. "train", "test", "train[:100]"
     name: str | None = None,  # the dataset configuration ("main" for GSM8K)
     data_files: str | list[str] | dict[str, Any] | None = None,  # files for a builder such as "parquet"
-) -> list[dict]:
-    """The rows of one split via `datasets.load_dataset`, as plain Python, each checked by `validate_row`.
+    on_error: Literal["raise", "skip"] = "raise",  # a bad row stops the run, or is dropped
+    cache_dir: str | None = None,  # None: $HF_DATASETS_CACHE (see rlhf.data.arrow.cache_root)
+    num_proc: int | None = None,  # processes for validating; None: one per core from 50k rows
+) -> datasets.Dataset:
+    """The rows of one split via `datasets.load_dataset`, validated row by row into Arrow (cached).
 
     The rows must already be in verl's prompt-row schema (as verl's preprocessing scripts or
     `rlhf data prepare` write them); raw hub datasets (question/answer columns) need that step first.
     """
-    datasets = _datasets_module()
     where = f"{path}" + (f" ({name})" if name else "") + f" split {split!r}"
     local = _is_local(path) or data_files is not None
     try:
-        dataset = datasets.load_dataset(
-            os.path.expanduser(path) if _is_local(path) else path, name, split=split, data_files=data_files
+        raw = datasets.load_dataset(
+            os.path.expanduser(path) if _is_local(path) else path, name, split=split, data_files=data_files,
+            cache_dir=os.path.join(os.path.expanduser(cache_dir), "datasets") if cache_dir is not None else None,
         )
     except (ConnectionError, OSError) as err:
         if local:
@@ -66,25 +56,16 @@ def load_hf_rows(
         ) from err
     except ValueError as err:  # e.g. an unknown split or configuration name
         raise DataError(f"{where}: {err}", source=where) from err
-    rows = []
-    for index, row in enumerate(dataset):
-        row = to_python(dict(row))
-        validate_row(row, source=where, index=index)
-        if row.get("extra_info") is None:
-            row["extra_info"] = {}
-        rows.append(row)
-    return rows
+    rows, _ = validate_dataset(raw, source=where, on_error=on_error, cache_dir=cache_dir, num_proc=num_proc)
+    if len(rows) == 0:
+        raise DataError(f"{where}: no rows. Fix: check the split and the data files.", source=where)
+    return mark_source(rows, where)
 
 
 def _preflight(arguments: Mapping[str, Any]) -> None:
-    """Load and validate the rows now, so a missing package, file or hub stops the run before training."""
+    """Load and validate the rows now (cached for the run), so a missing file or hub stops the run before training."""
     if isinstance(arguments.get("path"), str):
-        load_hf_rows(
-            arguments["path"],
-            split=arguments.get("split", "train"),
-            name=arguments.get("name"),
-            data_files=arguments.get("data_files"),
-        )
+        load_hf_rows(**{k: v for k, v in arguments.items() if k != "num_proc"}, num_proc=arguments.get("num_proc"))
 
 
 load_hf_rows.preflight = _preflight  # type: ignore[attr-defined]

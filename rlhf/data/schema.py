@@ -49,13 +49,16 @@ class DataError(ValueError):
 
 def to_python(value: Any) -> Any:
     """Turn numpy arrays and scalars (as pandas/parquet return them) into lists, dicts, ints."""
+    kind = type(value)
+    if kind is str or kind is int or kind is float or kind is bool or value is None:  # leaves, no ABC checks
+        return value
     if isinstance(value, np.ndarray):
         return [to_python(v) for v in value.tolist()] if value.dtype == object else value.tolist()
     if isinstance(value, np.generic):
         return value.item()
-    if isinstance(value, Mapping):
+    if kind is dict or isinstance(value, Mapping):
         return {k: to_python(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
+    if kind is list or kind is tuple or isinstance(value, (list, tuple)):
         return [to_python(v) for v in value]
     return value
 

@@ -20,17 +20,20 @@ Batches can be length-bucketed (`SFTDataset.shuffled(..., bucketed=True)`) to cu
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
+from typing import Any
 
+import datasets
 import numpy as np
 import torch
+from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
-from rlhf.data.files import fingerprint_rows
-from rlhf.data.schema import DataError, ground_truth, to_python, validate_row
-from rlhf.data.tokenize import chat_prompt_ids, left_pad, position_ids, right_pad, shuffled_batches
+from rlhf.data.arrow import as_rows, cache_key, cached_map, load_file, rows_fingerprint, source_name, tokenizer_key
+from rlhf.data.schema import DataError, ground_truth
+from rlhf.data.tokenize import chat_prompt_ids_batch, left_pad, position_ids, right_pad, shuffled_batches
 
 
 def answer_from_ground_truth(row: Mapping) -> str:
@@ -148,31 +151,43 @@ def padding_fraction(batch: Batch) -> float:
 
 
 # ------------------------------------------------------------------- dataset
-class SFTDataset:
-    """SFT examples from verl prompt rows (+ a response function) or from chat `messages` rows."""
+FITS, TOO_LONG, BAD = 0, 1, 2  # `status` of an example in the tokenising map
 
-    def __init__(
-        self,
-        rows: Sequence[dict],
-        tokenizer: PreTrainedTokenizerBase,
-        response: Callable[[Mapping], str] = answer_from_ground_truth,  # prompt row -> target text
-        max_length: int = 1024,  # prompt + response tokens; longer examples are dropped
-        name: str = "sft",
-    ):
-        if not rows:
-            raise DataError(f"SFT dataset {name!r} has no rows")
-        self.name = name
-        self.tokenizer = tokenizer
-        self.fingerprint = fingerprint_rows(rows)
-        eos = tokenizer.eos_token_id
-        # (prompt ids, response ids, response mask) per example
-        self.examples: list[tuple[list[int], list[int], list[int]]] = []
-        self.num_filtered = 0
-        for i, row in enumerate(rows):
-            if isinstance(row, Mapping) and "messages" in row:
-                prompt, target, mask = conversation_ids(tokenizer, to_python(row["messages"]), where=f"{name}, row {i}")
+SFT_FEATURES = datasets.Features({
+    "prompt_ids": datasets.List(datasets.Value("int32")),
+    "response_ids": datasets.List(datasets.Value("int32")),
+    "response_mask": datasets.List(datasets.Value("int8")),
+    "length": datasets.Value("int32"),
+    "status": datasets.Value("int8"),
+    "error": datasets.Value("string"),
+})
+
+
+def sft_tokens(
+    batch: dict[str, list],
+    indices: list[int],
+    *,
+    tokenizer: PreTrainedTokenizerBase,
+    response: Callable[[Mapping], str],
+    max_length: int,
+    name: str,
+) -> dict[str, list]:
+    """The tokenising map of SFT rows: (prompt ids, response ids, response mask) per row, its length,
+    `status` (FITS / TOO_LONG / BAD) and, for a BAD row, the error message."""
+    out: dict[str, list] = {key: [] for key in SFT_FEATURES}
+    eos = tokenizer.eos_token_id
+    rows = [json.loads(text) for text in batch["row"]]
+    plain = [k for k, row in enumerate(rows) if "messages" not in row]
+    prompts = dict(zip(plain, chat_prompt_ids_batch(tokenizer, [rows[k]["prompt"] for k in plain])))
+    for k, (i, row) in enumerate(zip(indices, rows)):
+        prompt: list[int] = []
+        target: list[int] = []
+        mask: list[int] = []
+        error, status = None, FITS
+        try:
+            if "messages" in row:
+                prompt, target, mask = conversation_ids(tokenizer, row["messages"], where=f"{name}, row {i}")
             else:
-                validate_row(row, source=name, index=i)
                 try:
                     text = response(row)
                 except (KeyError, TypeError) as err:
@@ -181,31 +196,90 @@ class SFTDataset:
                         "check the rows or the `response` function of the SFT dataset",
                         source=name, index=i,
                     ) from err
-                prompt = chat_prompt_ids(tokenizer, row["prompt"])
+                prompt = prompts[k]
                 target = tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
                 mask = [1] * len(target)
-            if len(prompt) + len(target) > max_length:
-                self.num_filtered += 1
-                continue
-            self.examples.append((prompt, target, mask))
-        if not self.examples:
-            raise DataError(f"SFT dataset {name!r}: every row is longer than max_length={max_length} tokens")
+        except DataError as err:
+            error, status = str(err), BAD
+        if status == FITS and len(prompt) + len(target) > max_length:
+            status = TOO_LONG
+        keep = status == FITS
+        out["prompt_ids"].append(prompt if keep else [])
+        out["response_ids"].append(target if keep else [])
+        out["response_mask"].append(mask if keep else [])
+        out["length"].append(len(prompt) + len(target))
+        out["status"].append(status)
+        out["error"].append(error)
+    return out
+
+
+class SFTDataset:
+    """SFT examples from verl prompt rows (+ a response function) or from chat `messages` rows.
+
+    rows: a validated dataset from `load_sft_rows`, any `datasets.Dataset`, or a list of row dicts.
+    Tokenising runs as one cached batched map (see `rlhf.data.arrow`), keyed by the rows'
+    fingerprint, the tokenizer, `response` and `max_length`; examples are read from Arrow per batch.
+    """
+
+    def __init__(
+        self,
+        rows: Any,
+        tokenizer: PreTrainedTokenizerBase,
+        response: Callable[[Mapping], str] = answer_from_ground_truth,  # prompt row -> target text
+        max_length: int = 1024,  # prompt + response tokens; longer examples are dropped
+        name: str = "sft",
+        cache_dir: str | None = None,  # None: $HF_DATASETS_CACHE/rlhf (see rlhf.data.arrow.cache_root)
+        num_proc: int | None = None,  # processes for tokenising; None: one per core from 50k rows
+    ):
+        self.name = name
+        self.tokenizer = tokenizer
+        self.source = source_name(rows, name)
+        data = as_rows(rows, source=name, kind="sft", cache_dir=cache_dir, num_proc=num_proc)
+        if len(data) == 0:
+            raise DataError(f"{self.source}: SFT dataset {name!r} has no rows", source=self.source)
+        self.fingerprint = rows_fingerprint(data, cache_dir=cache_dir)
+        key = cache_key("sft", self.fingerprint, tokenizer_key(tokenizer), Hasher.hash(response), max_length, name)
+        tokens = cached_map(
+            data, sft_tokens, name="sft", key=key, cache_dir=cache_dir, num_proc=num_proc, features=SFT_FEATURES,
+            fn_kwargs={"tokenizer": tokenizer, "response": response, "max_length": max_length, "name": name},
+            with_indices=True,
+        )
+        status = tokens.data.column("status").to_numpy()
+        if (status == BAD).any():
+            i = int(np.argmax(status == BAD))
+            raise DataError(tokens[i]["error"], source=self.source, index=i)
+        fits = status == FITS
+        self.num_filtered = int((~fits).sum())
+        if not fits.any():
+            shortest = int(tokens.data.column("length").to_numpy().min())
+            raise DataError(
+                f"{self.source}: every row of SFT dataset {name!r} is longer than max_length={max_length} tokens "
+                f"(the shortest has {shortest}). Fix: raise max_length to at least that.", source=self.source,
+            )
+        self.data = tokens.select_columns(["prompt_ids", "response_ids", "response_mask", "length"])
+        if self.num_filtered:
+            self.data = self.data.select(np.flatnonzero(fits))
+        self.lengths = self.data.with_format("numpy")["length"]  # prompt + response tokens of each example
+
+    @staticmethod
+    def preflight(arguments: dict) -> None:
+        """Before any stage runs: build the dataset when its rows are a loaded dataset (a file) and its tokenizer
+        builds (`wants_values`), so a file whose every example is too long stops the run there, naming the file.
+        The result is cached for the run's own build; rows from a generator are checked when it is built."""
+        rows, tokenizer = arguments.get("rows"), arguments.get("tokenizer")
+        if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, datasets.Dataset):
+            SFTDataset(**arguments)
 
     def __len__(self) -> int:
-        return len(self.examples)
-
-    @property
-    def lengths(self) -> list[int]:
-        """Prompt + response tokens of each example."""
-        return [len(p) + len(r) for p, r, _ in self.examples]
+        return len(self.data)
 
     def collate(self, indices: Sequence[int]) -> Batch:
         pad = self.tokenizer.pad_token_id
-        examples = [self.examples[i] for i in indices]
-        prompts, prompt_mask = left_pad([e[0] for e in examples], pad)
-        responses, attention = right_pad([e[1] for e in examples], pad)
+        part = self.data[[int(i) for i in indices]]
+        prompts, prompt_mask = left_pad(part["prompt_ids"], pad)
+        responses, attention = right_pad(part["response_ids"], pad)
         response_mask = torch.zeros_like(responses)
-        for row, (_, _, m) in enumerate(examples):
+        for row, m in enumerate(part["response_mask"]):
             response_mask[row, : len(m)] = torch.tensor(m, dtype=torch.long)
         mask = torch.cat([prompt_mask, attention], dim=1)
         return Batch(
@@ -238,28 +312,23 @@ class SFTDataset:
             yield self.collate(range(start, min(start + batch_size, len(self))))
 
 
-def load_sft_rows(path: str) -> list[dict]:
-    """Rows of a parquet / JSON Lines / JSON file for an SFTDataset: verl prompt rows (checked
-    against the schema, as `load_rows`) or chat rows with `messages` (checked by SFTDataset)."""
-    from rlhf.data.files import ReadReport, _check_readable, _parse
+SFTDataset.preflight.wants_values = True  # type: ignore[attr-defined]  (see rlhf.config.validate)
 
-    file = Path(path)
-    _check_readable(file)
-    rows = []
-    for index, line, row in _parse(file, ReadReport(path=str(file)), "raise"):
-        row = to_python(row)
-        if not (isinstance(row, Mapping) and "messages" in row):
-            validate_row(row, source=str(file), index=index, line=line)
-            if row.get("extra_info") is None:
-                row["extra_info"] = {}
-        rows.append(row)
-    return rows
+
+def load_sft_rows(
+    path: str,
+    cache_dir: str | None = None,  # None: $HF_DATASETS_CACHE (see rlhf.data.arrow.cache_root)
+    num_proc: int | None = None,  # processes for validating; None: one per core from 50k rows
+) -> datasets.Dataset:
+    """Rows of a parquet / JSON Lines / JSON file for an SFTDataset, as a validated Arrow dataset: verl
+    prompt rows (checked against the schema, as `load_rows`) or chat rows with `messages` (checked by SFTDataset)."""
+    return load_file(path, kind="sft", cache_dir=cache_dir, num_proc=num_proc)[0]
 
 
 def _preflight(arguments: Mapping) -> None:
-    """Read and check the file before any stage starts (see rlhf.config.validate)."""
+    """Read and check the file before any stage starts (see rlhf.config.validate); the result is cached."""
     if isinstance(arguments.get("path"), str):
-        load_sft_rows(arguments["path"])
+        load_sft_rows(arguments["path"], cache_dir=arguments.get("cache_dir"), num_proc=arguments.get("num_proc"))
 
 
 load_sft_rows.preflight = _preflight  # type: ignore[attr-defined]

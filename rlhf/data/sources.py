@@ -1,4 +1,4 @@
-"""Row sources for graphs: a data file, checked before any stage starts."""
+"""Row sources for graphs: a data file read into Arrow (`datasets`), checked before any stage starts."""
 
 from __future__ import annotations
 
@@ -6,21 +6,42 @@ import warnings
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from rlhf.data.files import read_rows
+import datasets
+
+from rlhf.data.arrow import load_file
+from rlhf.data.streaming import stream_file
 
 
-def load_rows(path: str, on_error: Literal["raise", "skip"] = "raise") -> list[dict]:
-    """Rows of a parquet / JSON Lines / JSON file in verl's schema (bad rows stop or are skipped)."""
-    rows, report = read_rows(path, on_error=on_error)
+def load_rows(
+    path: str,
+    on_error: Literal["raise", "skip"] = "raise",  # a bad row stops the run, or is dropped and counted in a warning
+    streaming: bool = False,  # True: an IterableDataset read lazily (for StreamingPromptDataset), nothing cached
+    cache_dir: str | None = None,  # None: $HF_DATASETS_CACHE (see rlhf.data.arrow.cache_root)
+    num_proc: int | None = None,  # processes for validating; None: one per core from 50k rows
+) -> datasets.Dataset | datasets.IterableDataset:
+    """Rows of a parquet / JSON Lines / JSON file in verl's schema, as a validated Arrow dataset
+    (`rlhf.data.arrow`): memory-mapped, cached, and checked row by row (errors name file, row, field)."""
+    if streaming:
+        return stream_file(path, on_error=on_error)
+    rows, report = load_file(path, kind="prompt", on_error=on_error, cache_dir=cache_dir, num_proc=num_proc)
     if report.rows_skipped:
         warnings.warn(str(report))
     return rows
 
 
 def _preflight(arguments: Mapping[str, Any]) -> None:
-    """Read and validate the file now, so a missing file or a bad row stops the run before training."""
+    """Read and validate the file now (the result is cached for the run), so a missing or empty file
+    or a bad row stops the run before training."""
     if isinstance(arguments.get("path"), str):
-        read_rows(arguments["path"], on_error=arguments.get("on_error", "raise"))
+        if arguments.get("streaming"):
+            stream_file(arguments["path"], on_error=arguments.get("on_error", "raise"), check=True)
+            return
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the run's own build warns about skipped rows
+            load_file(arguments["path"], kind="prompt", on_error=arguments.get("on_error", "raise"),
+                      cache_dir=arguments.get("cache_dir"), num_proc=arguments.get("num_proc"))
 
 
 load_rows.preflight = _preflight  # type: ignore[attr-defined]
+
+__all__ = ["load_rows"]

@@ -15,6 +15,19 @@ def chat_prompt_ids(tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict]
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def chat_prompt_ids_batch(tokenizer: PreTrainedTokenizerBase, conversations: Sequence[Sequence[dict]]) -> list[list[int]]:
+    """`chat_prompt_ids` of many conversations with one template call and one tokenizer call (the same ids,
+    several times faster: the per-call overhead of both is paid once per batch)."""
+    if not conversations:
+        return []
+    texts = tokenizer.apply_chat_template([list(c) for c in conversations], add_generation_prompt=True, tokenize=False)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is not None and backend.truncation is None and backend.padding is None:
+        # the Rust tokenizer without offsets: the same ids as tokenizer(texts), ~15% faster on long prompts
+        return [encoding.ids for encoding in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), both (B, max_len), padded on the left (generation continues on the right)."""
     width = max(len(s) for s in seqs)

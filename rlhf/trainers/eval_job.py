@@ -324,7 +324,7 @@ class EvalJob:
         if self.parent_run is not None:
             ctx.record({"parent_run": self.parent_run})
         if self.generation is not None:
-            self.reward.check_sources({r["data_source"] for r in self.generation.dataset.rows})
+            self.reward.check_sources(self.generation.dataset.data_sources)
             generated = self.generation.run(dataclasses.replace(ctx, out_dir=out_dir))
             path = generated["generations"]
         else:

@@ -31,7 +31,7 @@ class Evaluator:
         aux_rewards: dict[str, RewardManager] | None = None,  # name -> another scoring of the same responses
         n_boot: int = 200,  # bootstrap resamples for the intervals (0: no intervals)
     ):
-        sources = set(r["data_source"] for r in dataset.rows)
+        sources = dataset.data_sources
         for manager in [reward, *(aux_rewards or {}).values()]:
             manager.check_sources(sources)
         self.dataset = dataset

@@ -18,6 +18,7 @@ from rlhf.algos import GRPO, AdvantageInputs, apply_kl_penalty, group_ids_from_u
 from rlhf.batch import Batch
 from rlhf.data.prompts import PromptDataset
 from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.data.streaming import StreamingPromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.trainers.checkpoint import CheckpointManager
@@ -40,7 +41,7 @@ class RLTrainer:
         self,
         policy,  # WorkerGroup of PolicyWorker (actor + rollout + reference)
         tokenizer: PreTrainedTokenizerBase,
-        train_data: PromptDataset,
+        train_data: PromptDataset | StreamingPromptDataset,
         reward: RewardManager,
         advantage=GRPO(),  # an advantage estimator from rlhf.algos
         sampling: SamplingParams = SamplingParams(n=8, temperature=1.0, max_new_tokens=32),
@@ -61,7 +62,7 @@ class RLTrainer:
         reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
         seed: NonNegativeInt = 0,
     ):
-        reward.check_sources(set(r["data_source"] for r in train_data.rows))
+        reward.check_sources(train_data.data_sources)
         if getattr(advantage, "requires_critic", False) and critic is None:
             raise ValueError(
                 f"{type(advantage).__name__} needs a critic (values), but RLTrainer.critic is None. Add a critic "
@@ -99,6 +100,8 @@ class RLTrainer:
         self.reward_model = reward_model
         self.reward_model_weight = reward_model_weight
         self.seed = seed
+        self._prompts = None  # the batch iterator of the current run
+        self._data_position = None  # a streaming dataset's position, restored from a checkpoint
 
     # ---------------------------------------------------------------- loop
     def run(self, ctx: StageContext) -> dict:
@@ -109,7 +112,11 @@ class RLTrainer:
         needs = self.policy.requirements()[0]
         if self.evaluator is not None and self.val_before_train and start == 0:
             ctx.log(self.evaluator(self.policy), 0)
-        prompts = self.train_data.shuffled(self.prompts_per_step, self.seed, start_step=start)
+        if self._data_position is not None:  # a stream resumes at its recorded position, not by replaying
+            prompts = self.train_data.shuffled(self.prompts_per_step, self.seed, start, position=self._data_position)
+        else:
+            prompts = self.train_data.shuffled(self.prompts_per_step, self.seed, start_step=start)
+        self._prompts = prompts
         bar = tqdm(
             range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
             desc=ctx.name, disable=not ctx.progress, mininterval=1.0,
@@ -223,7 +230,10 @@ class RLTrainer:
             for name, group in groups:
                 group.save_state(str(folder / name))
 
-        state = {"kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None}
+        state = {
+            "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None,
+            "data_position": getattr(self._prompts, "position", None),  # streaming datasets only
+        }
         return checkpoints.save(step, write_parts, state)
 
     def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
@@ -240,5 +250,6 @@ class RLTrainer:
             ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
         if self.kl_in_reward is not None and state.get("kl_in_reward") is not None:
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
+        self._data_position = state.get("data_position")
         truncate_records(ctx.out_dir, state["step"])
         return int(state["step"])

@@ -1,13 +1,13 @@
-"""load_hf_rows: local parquet through `datasets` equals read_rows; clear errors without it or offline."""
-
-import sys
+"""load_hf_rows: a local parquet or folder through `datasets` gives the rows and fingerprint of load_rows."""
 
 import pytest
 
+from rlhf.data.arrow import rows_fingerprint, to_rows
 from rlhf.data.files import fingerprint_rows, read_rows, write_rows
 from rlhf.data.generators import countdown_rows
 from rlhf.data.hf_datasets import load_hf_rows
 from rlhf.data.schema import DataError
+from rlhf.data.sources import load_rows
 
 
 @pytest.fixture
@@ -16,19 +16,21 @@ def parquet(tmp_path):
 
 
 @pytest.fixture
-def hf_datasets(monkeypatch, tmp_path):
-    datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # no writes to ~/.cache
+def hf_datasets(monkeypatch):
+    import datasets
+
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)  # never wait on the network in tests
     return datasets
 
 
-def test_local_parquet_matches_read_rows(hf_datasets, parquet):
-    rows = load_hf_rows("parquet", data_files=str(parquet))
+def test_local_parquet_matches_read_rows(hf_datasets, parquet, tmp_path):
+    rows = load_hf_rows("parquet", data_files=str(parquet), cache_dir=str(tmp_path / "cache"))
     expected, _ = read_rows(parquet)
-    assert rows == expected and fingerprint_rows(rows) == fingerprint_rows(expected)
-    assert isinstance(rows[0]["prompt"], list) and isinstance(rows[0]["extra_info"]["index"], int)
-    assert load_hf_rows(str(parquet.parent), split="train[:2]") == expected[:2]  # a local folder, a split slice
+    assert to_rows(rows) == expected
+    assert rows_fingerprint(rows) == fingerprint_rows(expected) == rows_fingerprint(load_rows(str(parquet)))
+    assert isinstance(to_rows(rows)[0]["prompt"], list) and isinstance(to_rows(rows)[0]["extra_info"]["index"], int)
+    folder = load_hf_rows(str(parquet.parent), split="train[:2]", cache_dir=str(tmp_path / "cache"))
+    assert to_rows(folder) == expected[:2]  # a local folder, a split slice
 
 
 def test_bad_rows_are_reported(hf_datasets, tmp_path):
@@ -55,11 +57,3 @@ def test_preflight_checks_the_rows(hf_datasets, parquet, tmp_path):
     load_hf_rows.preflight({"path": "parquet", "data_files": str(parquet)})
     with pytest.raises(DataError, match="cannot be read"):
         load_hf_rows.preflight({"path": "parquet", "data_files": str(tmp_path / "missing.parquet")})
-
-
-def test_missing_package_says_how_to_install(monkeypatch):
-    monkeypatch.setitem(sys.modules, "datasets", None)  # `import datasets` now raises ImportError
-    with pytest.raises(ImportError, match="pip install datasets.*load_rows"):
-        load_hf_rows("parquet", data_files="x.parquet")
-    with pytest.raises(ImportError, match="not installed"):
-        load_hf_rows.preflight({"path": "openai/gsm8k"})

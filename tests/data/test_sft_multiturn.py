@@ -98,11 +98,14 @@ def test_non_incremental_template_is_refused(tok):
 def test_load_sft_rows_reads_chat_and_prompt_rows(tmp_path, tok):
     import json
 
+    from rlhf.data.arrow import to_rows
+
     path = tmp_path / "mixed.jsonl"
     rows = [{"messages": chat(1)}, arithmetic_rows(1)[0]]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     loaded = load_sft_rows(str(path))
-    assert loaded[0] == rows[0] and loaded[1]["prompt"] == rows[1]["prompt"]
+    back = to_rows(loaded)
+    assert back[0] == rows[0] and back[1]["prompt"] == rows[1]["prompt"]
     assert len(SFTDataset(loaded, tok)) == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"data_source": "x"}))

@@ -1,6 +1,9 @@
 """A small resumable RL job, run as a subprocess by test_kill_and_resume.py.
 
-usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [steps=N] [allow_changes]
+usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [stream] [steps=N] [allow_changes]
+
+`stream`: the prompts come from a JSON Lines file through StreamingPromptDataset (resumed at the
+stream position saved in the checkpoint) instead of an in-memory PromptDataset.
 
 With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
 cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
@@ -17,7 +20,10 @@ from transformers import get_cosine_schedule_with_warmup
 
 from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
 from rlhf.data.generators import arithmetic_rows
+from rlhf.data.files import write_rows
 from rlhf.data.prompts import PromptDataset
+from rlhf.data.sources import load_rows
+from rlhf.data.streaming import StreamingPromptDataset
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards.arithmetic import exact_match_score
 from rlhf.rewards.manager import RewardManager
@@ -34,8 +40,14 @@ from rlhf_configs.pieces import policy_group
 TOTAL_STEPS = 8
 
 
-def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_STEPS) -> fdl.Config[Experiment]:
+def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_STEPS,
+          stream: bool = False) -> fdl.Config[Experiment]:
     tokenizer = fdl.Config(load_tokenizer, model)
+    train_data = fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=24), tokenizer=tokenizer)
+    if stream:
+        path = write_rows(arithmetic_rows(24), os.path.join(out, "train.jsonl"))
+        rows = fdl.Config(load_rows, path=str(path), streaming=True)
+        train_data = fdl.Config(StreamingPromptDataset, rows=rows, tokenizer=tokenizer, shuffle_buffer=8)
     stage = fdl.Config(
         RLTrainer,
         policy=policy_group(
@@ -50,7 +62,7 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
             mini_batches=2,  # off-policy: old log-probs, two optimizer steps per RL step
         ),
         tokenizer=tokenizer,
-        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=24), tokenizer=tokenizer),
+        train_data=train_data,
         reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
         advantage=fdl.Config(GRPO),
         sampling=fdl.Config(SamplingParams, n=4, max_new_tokens=6),
@@ -96,4 +108,5 @@ if __name__ == "__main__":
         install_kill_switch(int(os.environ["KILL_AT"]), os.environ.get("KILL_MODE", "mid_step"))
     model, out, aim, *flags = sys.argv[1:]
     steps = next((int(f.removeprefix("steps=")) for f in flags if f.startswith("steps=")), TOTAL_STEPS)
-    run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps), allow_changes="allow_changes" in flags)
+    run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags),
+                   allow_changes="allow_changes" in flags)

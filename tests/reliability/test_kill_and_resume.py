@@ -6,6 +6,7 @@ One uninterrupted reference run (module fixture) serves every case: the kill cas
 it, the rerun cases continue copies of it.
 """
 
+import json
 import os
 import random
 import shutil
@@ -54,9 +55,9 @@ def logged(aim: Path) -> dict[str, list]:
     return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
 
 
-def kill(tmp: Path, kill_at: int, mode: str) -> tuple[Path, Path]:
+def kill(tmp: Path, kill_at: int, mode: str, *extra: str) -> tuple[Path, Path]:
     out, aim = tmp / "out", tmp / "aim"
-    killed = job(out, aim, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
+    killed = job(out, aim, *extra, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
     killed.communicate(timeout=600)
     assert killed.returncode == -signal.SIGKILL, f"the job was to be killed at step {kill_at}"
     return out, aim
@@ -151,3 +152,19 @@ def test_resuming_into_a_run_of_another_model_is_a_preflight_error(tmp_path, ref
     message = str(err.value)
     assert "different model or algorithm" in message
     assert f"policy.worker.model_path: '{tiny_model_path()}' -> '{other}'" in message
+
+
+@pytest.mark.slow
+def test_a_streamed_dataset_resumes_bit_identically(tmp_path):
+    """Prompts streamed from a file (StreamingPromptDataset): the resumed run reads on from the stream position
+    saved in the checkpoint, and ends as the uninterrupted run does (the kill step may cross the epoch boundary)."""
+    finish(job(tmp_path / "ref" / "out", tmp_path / "ref" / "aim", "stream"))
+    kill_at = random.Random().randint(1, 7)
+    out, aim = kill(tmp_path / "killed", kill_at, "mid_step", "stream")
+    finish(job(out, aim, "stream"))
+    expected, resumed = weights(tmp_path / "ref" / "out"), weights(out)
+    for k in expected:
+        assert torch.equal(expected[k], resumed[k]), f"{k} differs after resuming at step {kill_at}"
+    assert logged(aim) == logged(tmp_path / "ref" / "aim")
+    state = json.loads((out / STAGE / "checkpoints" / "step_00000008" / "trainer_state.json").read_text())
+    assert state["data_position"] == {"epoch": 1, "consumed": 8}  # 6 batches of 4 per epoch, then 2 more
