@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlhf.algos import log_probs_and_entropy
+from rlhf.algos import log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
 from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
@@ -44,20 +44,25 @@ def response_log_probs(
     of a group share a long prompt); `prefix_model` is the unwrapped module under DDP;
     `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device).
     """
+    logits = _response_logits(model, batch, shared_prefix, prefix_model)
+    return log_probs_and_entropy(logits, batch["responses"], temperature=temperature, with_entropy=with_entropy,
+                                 max_block_elements=block_elements)
+
+
+def _response_logits(model: torch.nn.Module, batch: Batch, shared_prefix: bool,
+                     prefix_model: torch.nn.Module | None) -> torch.Tensor:
+    """(B, T, V) logits predicting each response token, in the model's compute dtype."""
     responses = batch["responses"]
     if shared_prefix:
-        logits = response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
-                                 responses.shape[1], prefix_model=prefix_model)
-    else:
-        logits = model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            logits_to_keep=responses.shape[1] + 1,
-            use_cache=False,
-        ).logits[:, :-1, :]
-    return log_probs_and_entropy(logits, responses, temperature=temperature, with_entropy=with_entropy,
-                                 max_block_elements=block_elements)
+        return response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"],
+                               responses.shape[1], prefix_model=prefix_model)
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        logits_to_keep=responses.shape[1] + 1,
+        use_cache=False,
+    ).logits[:, :-1, :]
 
 
 class PolicyWorker:
@@ -160,6 +165,27 @@ class PolicyWorker:
         """`old_log_probs` (B,T): the current policy's log-probs, before this step's update."""
         self.trainer.model.eval()
         return self._log_probs_batched(self.trainer.model, batch, "old_log_probs")
+
+    @shard
+    def compute_token_stats(self, batch: Batch) -> Batch:
+        """`old_log_probs` and `sum_pi_squared` (B,T), sum_v pi_old(v)^2 at the sampling temperature: the
+        optimal token baseline's inputs, from one forward pass here where the logits are (the driver
+        never sees a (B,T,V) tensor)."""
+        self.trainer.model.eval()
+        temperature = batch.meta.get("temperature", 1.0)
+
+        @torch.no_grad()
+        def forward(micro: Batch) -> torch.Tensor:
+            with self.trainer.autocast():
+                logits = _response_logits(self.trainer.model, micro, self.shared_prefix, None)
+                log_probs = log_probs_and_entropy(logits, micro["responses"], temperature=temperature,
+                                                  max_block_elements=self.logits_block_elements)[0]
+                sum_pi2 = sum_pi_squared_from_logits(logits, temperature=temperature,
+                                                     max_block_elements=self.logits_block_elements)
+            return torch.stack([log_probs, sum_pi2], dim=-1)
+
+        stats = self.trainer.map_micro_batches(batch, forward)
+        return Batch({"old_log_probs": stats[..., 0], "sum_pi_squared": stats[..., 1]})
 
     @shard
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
