@@ -20,7 +20,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
@@ -81,8 +80,9 @@ class RLTrainer:
         reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
         reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
         rollout_correction: RolloutCorrection | None = None,  # TIS / rejection (MIS) of the rollout-trainer mismatch
-        dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,  # DAPO: fdl.Partial(
-        #   DynamicSamplingAccumulator, max_attempts=k), called with target_num_groups=prompts_per_step; None: off
+        # DAPO dynamic sampling: fdl.Partial(DynamicSamplingAccumulator, max_attempts=k) (the trainer passes
+        # target_num_groups=prompts_per_step); None: off
+        dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
         pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
         seed: int = 0,
     ):
@@ -171,11 +171,12 @@ class RLTrainer:
         start = time.perf_counter()
         batch, reward_metrics = self._rollout(prompts, more_prompts, timing)
         correcting = self.rollout_correction is not None
+        # bypass mode without rejections trains against the engine's log-probs: no old-log-prob pass
+        bypass = correcting and self.rollout_correction.bypass and not self.rollout_correction.rejections
         if self.needs.token_statistics:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_token_stats(batch))
-        elif (needs["old_log_probs"] or self.kl_in_reward is not None
-              or (correcting and not self.rollout_correction.bypass)):
+        elif (needs["old_log_probs"] or correcting) and not bypass or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
         if needs["ref"] or self.kl_in_reward is not None:
