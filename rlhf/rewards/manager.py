@@ -49,9 +49,6 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
-import torch
-
-from rlhf.algos.dapo import overlong_penalty
 from rlhf.rewards.pool import Outcome, WorkerPool
 
 logger = logging.getLogger(__name__)
@@ -279,6 +276,11 @@ class RewardManager:
             logger.warning("%d reward scorer failure(s) given fallback_score=%s; first: %s",
                            sum(errors.values()), self.fallback_score, first_error)
         if self.overlong_buffer_len is not None:
+            # imported here: reward worker processes import this module, and must not pay for torch
+            import torch
+
+            from rlhf.algos.dapo import overlong_penalty
+
             penalties = overlong_penalty(  # the one implementation, rlhf.algos.dapo
                 torch.tensor([int(n) for n in response_lengths]),  # type: ignore[union-attr]
                 max_response_length=self.max_response_length,  # type: ignore[arg-type]
