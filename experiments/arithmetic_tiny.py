@@ -8,6 +8,10 @@ parent is the SFT run whose checkpoint it starts from.
     python experiments/arithmetic_tiny.py                       # Ray, Aim, progress bars
     python experiments/arithmetic_tiny.py --config fiddler:local  # in-process: breakpoint() works
     python experiments/arithmetic_tiny.py --config set:stages.grpo.total_steps=20
+    python experiments/arithmetic_tiny.py --config fiddler:dapo       # any algorithm family below
+
+One fiddler per algorithm family swaps the RL stage's estimator, loss or trainer feature
+(docs/algorithms.md has the table: algorithm -> fiddler -> test).
 """
 
 from __future__ import annotations
@@ -18,12 +22,42 @@ import fiddle as fdl
 import torch
 from transformers import get_constant_schedule_with_warmup
 
-from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
+from rlhf.algos import (
+    GPG,
+    GRPO,
+    OPO,
+    RLOO,
+    CISPOLoss,
+    ClipCovLoss,
+    DynamicSamplingAccumulator,
+    FixedKLController,
+    GMPOLoss,
+    GPGLoss,
+    GRPOPassK,
+    GSPOLoss,
+    KLCovLoss,
+    KLLoss,
+    OptimalTokenBaseline,
+    PowWeights,
+    PPOClipLoss,
+    RejectionMask,
+    ReinforcePlusPlus,
+    ReMax,
+    RolloutCorrection,
+    SAPOLoss,
+    SequenceTIS,
+    TokenTIS,
+    kl_k1,
+    kl_k2,
+    kl_k3,
+    reduce_token,
+    token_mean,
+)
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.data.sft import SFTDataset
 from rlhf.models.loading import load_tokenizer
-from rlhf.rewards.arithmetic import exact_match_score
+from rlhf.rewards.arithmetic import digit_match_score, exact_match_score
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment
@@ -31,6 +65,7 @@ from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import StageOutput
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import EvalStage, Evaluator
+from rlhf.trainers.records import RolloutRecorder
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
@@ -118,14 +153,148 @@ def ppo(cfg: fdl.Config[Experiment]) -> None:
     rl.critic_warmup = 5
 
 
+# ------------------------------------------------------------------ advantage estimators
+def rloo(cfg: fdl.Config[Experiment]) -> None:
+    """RLOO: each sample's baseline is the mean score of the other samples of its prompt."""
+    cfg.stages["grpo"].advantage = fdl.Config(RLOO)
+
+
+def reinforce_pp(cfg: fdl.Config[Experiment]) -> None:
+    """REINFORCE++: batch-whitened reward-to-go, with the KL (k2) as a per-token reward penalty, not a loss."""
+    rl = cfg.stages["grpo"]
+    rl.advantage = fdl.Config(ReinforcePlusPlus)
+    rl.kl_in_reward = fdl.Config(FixedKLController, coef=0.001)
+    rl.kl_estimator = kl_k2
+    rl.policy.worker.objective.kl_loss = None
+
+
+def remax(cfg: fdl.Config[Experiment]) -> None:
+    """ReMax: the score of a greedy response to the same prompt (generated each step) is the baseline."""
+    cfg.stages["grpo"].advantage = fdl.Config(ReMax)
+
+
+def opo(cfg: fdl.Config[Experiment]) -> None:
+    """OPO: the length-weighted group mean, the variance-optimal baseline for on-policy training."""
+    cfg.stages["grpo"].advantage = fdl.Config(OPO)
+
+
+def gpg(cfg: fdl.Config[Experiment]) -> None:
+    """GPG: group-centred scores rescaled for the groups without spread, plain -A log pi loss, no KL."""
+    rl = cfg.stages["grpo"]
+    rl.advantage = fdl.Config(GPG)
+    rl.policy.worker.objective.policy_loss = fdl.Config(GPGLoss)
+    rl.policy.worker.objective.kl_loss = None
+
+
+def grpo_passk(cfg: fdl.Config[Experiment]) -> None:
+    """Pass@k: only the best sample of each group gets credit (max minus second max)."""
+    cfg.stages["grpo"].advantage = fdl.Config(GRPOPassK)
+
+
+def optimal_token_baseline(cfg: fdl.Config[Experiment]) -> None:
+    """Optimal token baseline: per-position group baseline weighted by sum_v pi_v^2 from the policy worker."""
+    cfg.stages["grpo"].advantage = fdl.Config(OptimalTokenBaseline)
+
+
+# --------------------------------------------------------------------------- DAPO
+def dapo(cfg: fdl.Config[Experiment]) -> None:
+    """DAPO: clip-higher, token-level loss, no KL, dynamic sampling (up to 3 rounds), overlong shaping."""
+    rl = cfg.stages["grpo"]
+    objective = rl.policy.worker.objective
+    objective.policy_loss = fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28, aggregate=token_mean)
+    objective.kl_loss = None
+    rl.dynamic_sampling = fdl.Partial(DynamicSamplingAccumulator, max_attempts=3)
+    # its own copy of the reward: validation keeps scoring exact matches without the length penalty
+    rl.reward = fdl.copy_with(rl.reward, overlong_buffer_len=4, max_response_length=rl.sampling.max_new_tokens)
+
+
+# ------------------------------------------------------------------- policy losses
+def _two_mini_batches(rl: fdl.Config[RLTrainer]) -> None:
+    # two optimizer steps per batch: the second is off-policy, so the loss's trust region acts
+    rl.policy.worker.mini_batches = 2
+
+
+def gspo(cfg: fdl.Config[Experiment]) -> None:
+    """GSPO: sequence-level importance ratio with a tiny clip range (3e-4 / 4e-4), two mini-batches."""
+    rl = cfg.stages["grpo"]
+    rl.policy.worker.objective.policy_loss = fdl.Config(GSPOLoss)
+    _two_mini_batches(rl)
+
+
+def sapo(cfg: fdl.Config[Experiment]) -> None:
+    """SAPO: a smooth sigmoid gate on the ratio instead of a hard clip, two mini-batches."""
+    rl = cfg.stages["grpo"]
+    rl.policy.worker.objective.policy_loss = fdl.Config(SAPOLoss)
+    _two_mini_batches(rl)
+
+
+def cispo(cfg: fdl.Config[Experiment]) -> None:
+    """CISPO: clipped, detached IS weight times log pi (every token keeps a gradient), two mini-batches."""
+    rl = cfg.stages["grpo"]
+    rl.policy.worker.objective.policy_loss = fdl.Config(CISPOLoss, clip_high=0.28)
+    _two_mini_batches(rl)
+
+
+def gmpo(cfg: fdl.Config[Experiment]) -> None:
+    """GMPO: geometric mean of the token ratios, clipped in log space, two mini-batches."""
+    rl = cfg.stages["grpo"]
+    rl.policy.worker.objective.policy_loss = fdl.Config(GMPOLoss)
+    _two_mini_batches(rl)
+
+
+def clip_cov(cfg: fdl.Config[Experiment]) -> None:
+    """Clip-Cov: detach the gradient of a few high-covariance tokens (against entropy collapse)."""
+    rl = cfg.stages["grpo"]
+    rl.policy.worker.objective.policy_loss = fdl.Config(ClipCovLoss, clip_cov_ratio=0.02, clip_cov_lb=0.0)
+    _two_mini_batches(rl)
+
+
+def kl_cov(cfg: fdl.Config[Experiment]) -> None:
+    """KL-Cov: a KL penalty on the highest-covariance tokens only (against entropy collapse)."""
+    rl = cfg.stages["grpo"]
+    rl.policy.worker.objective.policy_loss = fdl.Config(KLCovLoss, kl_cov_ratio=0.02)
+    _two_mini_batches(rl)
+
+
+# --------------------------------------------------------------- trainer features
+def rollout_correction(cfg: fdl.Config[Experiment]) -> None:
+    """Rollout correction: sequence-level TIS (C=2) and token rejection outside rho in [0.5, 2] (MIS)."""
+    cfg.stages["grpo"].rollout_correction = fdl.Config(
+        RolloutCorrection,
+        is_weights=fdl.Config(SequenceTIS, threshold=2.0),
+        rejections=[fdl.Config(RejectionMask, estimator=kl_k1, reduce=reduce_token, lower=-0.6931, upper=0.6931)],
+    )
+
+
+def token_tis(cfg: fdl.Config[Experiment]) -> None:
+    """Rollout correction with token-level TIS (C=2) only."""
+    cfg.stages["grpo"].rollout_correction = fdl.Config(RolloutCorrection, is_weights=fdl.Config(TokenTIS))
+
+
+def pf_ppo(cfg: fdl.Config[Experiment]) -> None:
+    """PF-PPO: train on the batch resampled with weights |score|^2 (favours confidently scored samples)."""
+    cfg.stages["grpo"].pf_ppo = fdl.Config(PowWeights, power=2.0)
+
+
+# ------------------------------------------------------------------------- sizes
 def smoke(cfg: fdl.Config[Experiment]) -> None:
-    """A few steps of each stage (tests and quick checks)."""
-    cfg.stages["sft"].total_steps = 5
-    cfg.stages["grpo"].total_steps = 2
-    cfg.stages["grpo"].prompts_per_step = 4
+    """The smallest run that exercises every stage (tests): 256 training problems, 40 small SFT steps,
+    2 RL steps of 4 prompts, 32 validation problems, rollouts recorded, and a partial-credit reward (digit_match_score) so the
+    barely trained model's samples of one prompt get different rewards for the RL algorithms to use."""
+    sft = cfg.stages["sft"]
+    sft.total_steps = 40
+    sft.batch_size = sft.policy.worker.micro_batch_size = 64
+    sft.policy.worker.lr_scheduler.num_warmup_steps = 5
+    sft.data.rows.n = 256  # shared with the RL stage: tokenizing 7000 prompts took most of a smoke run
+    rl = cfg.stages["grpo"]
+    rl.train_data.rows.n = 256
+    rl.total_steps = 2
+    rl.prompts_per_step = 4
+    rl.records = fdl.Config(RolloutRecorder)
     for stage in cfg.stages.values():
-        stage_eval = stage.evaluator
-        stage_eval.dataset.rows.n = 32
+        stage.evaluator.dataset.rows.n = 32
+    rl.reward.scorers = {"arithmetic": digit_match_score}  # a fiddler may have given the RL stage its own reward
+    sft.evaluator.reward.scorers = {"arithmetic": digit_match_score}  # shared by every evaluator
 
 
 def lr_sweep(stage: str = "grpo", values: tuple[float, ...] = (2e-4, 5e-4, 1e-3)):

@@ -162,15 +162,25 @@ def entropy_from_logits_chunked(logits: Tensor, chunk_size: int | None = None, *
     return _LogProbEntropy.apply(logits, labels, float(temperature), rows, True)[1]
 
 
-def sum_pi_squared_from_logits(logits: Tensor) -> Tensor:
-    """sum_v pi_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)) per token (no grad).
+def sum_pi_squared_from_logits(
+    logits: Tensor, *, temperature: float = 1.0, max_block_elements: int | None = None
+) -> Tensor:
+    """sum_v pi_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)) per token, z = logits / temperature (no grad).
 
-    logits: (B, T, V). Returns (B, T) float32. Input of the optimal token baseline
+    logits: (B, T, V) any float dtype, cast to float32 block by block (as `log_probs_and_entropy`).
+    Returns (B, T) float32 (float64 for float64 logits). Input of the optimal token baseline
     (`advantages.OptimalTokenBaseline`): ||d log pi_y / dz||^2 = 1 - 2 pi_y + sum_v pi_v^2.
     """
     with torch.no_grad():
-        z = logits.to(_compute_dtype(logits.dtype))
-        return torch.exp(torch.logsumexp(2 * z, dim=-1) - 2 * torch.logsumexp(z, dim=-1))
+        z = logits.reshape(-1, logits.shape[-1])
+        cdt = _compute_dtype(logits.dtype)
+        budget = max_block_elements or default_block_elements(logits.device)
+        rows = block_rows(z.shape[0], z.shape[-1], budget)
+        out = torch.empty(z.shape[0], dtype=cdt, device=z.device)
+        for start in range(0, z.shape[0], rows):
+            zc = _scaled_block(z[start:start + rows], 1.0 / temperature, cdt)
+            out[start:start + rows] = torch.exp(torch.logsumexp(2 * zc, dim=-1) - 2 * torch.logsumexp(zc, dim=-1))
+        return out.reshape(logits.shape[:-1])
 
 
 class _LinearLogProbEntropy(torch.autograd.Function):

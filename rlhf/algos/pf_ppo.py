@@ -2,7 +2,7 @@
 
 A reward model is more reliable at the extremes of its score range, so PF-PPO trains on
 samples drawn in proportion to a weight of their score: the batch is resampled with
-replacement (as verl does) before the advantage step. Notation: B batch; scores (B,)
+replacement (as verl does) after the advantage step. Notation: B batch; scores (B,)
 sequence rewards. A weighting is chosen by putting its class in the graph:
 `pf_ppo=fdl.Config(PowWeights, power=2.0)`.
 """

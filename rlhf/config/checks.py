@@ -371,58 +371,46 @@ def _gpu_count() -> int:
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
-def _group_estimators() -> tuple[type, ...]:
-    """Estimators whose baseline comes from the other samples of the same prompt."""
-    from rlhf.algos import (
-        GPG,
-        GRPO,
-        OPO,
-        RLOO,
-        GRPOPassK,
-        OptimalTokenBaseline,
-        ReinforcePlusPlusBaseline,
-    )
-
-    return (GRPO, GRPOPassK, RLOO, OPO, GPG, ReinforcePlusPlusBaseline, OptimalTokenBaseline)
-
-
 def _callable_of(value: Any) -> Any:
     return fdl.get_callable(value) if isinstance(value, fdl.Buildable) else type(value)
 
 
 def _check_data_flow(name: str, stage: Any, report: Report) -> None:
+    """The estimator/critic/sample-count/reference rules of `rlhf.algos.requirements` (the trainer reads
+    the same rules), reported with the graph path to change."""
+    from rlhf.algos.requirements import reference_problems, setup_problems
+    from rlhf.runtime.remote import Remote
     from rlhf.trainers.rl import RLTrainer
     from rlhf.workers.policy import PolicyWorker
 
     for node, path in _nodes(stage, _stage_prefix(name)):
         where = _cli_path(path)
+        problems = []
         if _is(node, RLTrainer):
             args = _args(node)
-            estimator = _callable_of(args.get("advantage"))
-            if getattr(estimator, "requires_critic", False) and args.get("critic") is None:
-                report.errors.append(
-                    f"{where}.advantage: {estimator.__name__} needs a critic (values), and "
-                    f"{fdl.get_callable(node).__name__} has no critic group. Use a critic-free estimator: gin "
-                    "`RLTrainer.advantage = @rlhf.algos.GRPO()` (or RLOO, ReinforcePlusPlus), or a trainer with a "
-                    "critic."
-                )
+            estimator = args.get("advantage")
             n = _get(args.get("sampling"), "n")
-            if isinstance(estimator, type) and issubclass(estimator, _group_estimators()) and n == 1:
-                report.errors.append(
-                    f"{where}.sampling.n: {estimator.__name__} compares the samples of each prompt, and n=1 gives "
-                    f"groups of one sample: every advantage is 0 and nothing is learned. Set n >= 2 (--config "
-                    f"set:{where}.sampling.n=8), or use a single-sample estimator (ReinforcePlusPlus, ReMax)."
-                )
+            problems = setup_problems(
+                _callable_of(estimator), n=n if isinstance(n, int) else None,
+                has_critic=args.get("critic") is not None, dynamic_sampling=args.get("dynamic_sampling") is not None,
+            ) if estimator is not None else []
+            policy = args.get("policy")
+            if args.get("kl_in_reward") is not None and _is(policy, Remote) and _is(_get(policy, "worker"), PolicyWorker):
+                has_ref = _get(_get(policy, "worker"), "ref_model_path") is not None
+                problems += reference_problems(kl_loss=False, kl_in_reward=True, has_ref=has_ref)
         if _is(node, PolicyWorker):
             args = _args(node)
             objective = args.get("objective")
             kl = _get(objective, "kl_loss") if objective is not None else None
-            if kl is not None and args.get("ref_model_path") is None:
-                report.errors.append(
-                    f"{where}.ref_model_path: the objective has a KL loss ({where}.objective.kl_loss) against a "
-                    f"reference policy, but ref_model_path is None. Set it (usually the initial model: --config "
-                    f"'set:{where}.ref_model_path=\"...\"'), or drop the KL loss (set:{where}.objective.kl_loss=None)."
-                )
+            problems = [  # paths below the worker, not below the trainer
+                dataclasses.replace(p, field=p.field.removeprefix("policy.worker."),
+                                    fix=p.fix.removeprefix("policy.worker."))
+                for p in reference_problems(kl_loss=kl is not None, kl_in_reward=False,
+                                            has_ref=args.get("ref_model_path") is not None)
+            ]
+        for problem in problems:
+            fix = f" Fix: --config 'set:{where}.{problem.fix}'." if problem.fix else ""
+            report.errors.append(f"{where}.{problem.field}: {problem.message}{fix}")
 
 
 def _batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:

@@ -9,7 +9,7 @@ batched scorers (`Batched`) and DAPO overlong shaping; `CombinedReward` sums wei
 
 from collections.abc import Callable
 
-from rlhf.rewards.arithmetic import exact_match_score
+from rlhf.rewards.arithmetic import digit_match_score, exact_match_score
 from rlhf.rewards.code import code_score
 from rlhf.rewards.combined import CombinedReward
 from rlhf.rewards.countdown import countdown_score
@@ -21,7 +21,6 @@ from rlhf.rewards.manager import (
     RewardOutput,
     ScorerError,
     UnknownDataSourceError,
-    overlong_penalty,
 )
 from rlhf.rewards.math import is_equivalent, last_boxed, math_score
 from rlhf.rewards.pool import WorkerPoolError
@@ -62,11 +61,11 @@ __all__ = [
     "countdown_score",
     "default_scorers",
     "exact_match_score",
+    "digit_match_score",
     "gsm8k_flexible",
     "gsm8k_score",
     "gsm8k_strict",
     "is_equivalent",
     "last_boxed",
     "math_score",
-    "overlong_penalty",
 ]

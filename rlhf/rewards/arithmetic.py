@@ -1,4 +1,8 @@
-"""Exact-match reward for short answers (the arithmetic task): the response is the answer."""
+"""Rewards for short answers (the arithmetic task): the response is the answer.
+
+`exact_match_score` is the task's reward; `digit_match_score` gives partial credit, a dense signal
+for a barely trained model (it almost never samples an exact answer, so every reward would be 0).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +23,32 @@ def exact_match_score(
 
     end_markers: trailing strings removed (repeatedly) before comparing.
     """
+    return 1.0 if _answer(solution_str, end_markers) == str(ground_truth).strip() else 0.0
+
+
+def digit_match_score(
+    solution_str: str,
+    ground_truth: str,
+    extra_info: dict | None = None,
+    *,
+    end_markers: tuple[str, ...] = END_MARKERS,
+) -> float:
+    """Partial credit: characters equal to the ground truth's at the same place counted from the
+    right (units under units), over the longer of the two lengths. 1.0 exactly when
+    `exact_match_score` is 1.0; "104" for "114" scores 2/3, "14" 2/3, "1140" 1/4 (only the 1 lines up).
+
+    end_markers: trailing strings removed (repeatedly) before comparing.
+    """
+    text, truth = _answer(solution_str, end_markers), str(ground_truth).strip()
+    longest = max(len(text), len(truth))
+    if longest == 0:
+        return 1.0
+    same = sum(a == b for a, b in zip(reversed(text), reversed(truth)))
+    return same / longest
+
+
+def _answer(solution_str: str, end_markers: tuple[str, ...]) -> str:
+    """The response without surrounding whitespace and trailing end markers."""
     text = solution_str.strip()
     stripped = True
     while stripped:
@@ -27,4 +57,4 @@ def exact_match_score(
             if marker and text.endswith(marker):
                 text = text[: -len(marker)].rstrip()
                 stripped = True
-    return 1.0 if text == str(ground_truth).strip() else 0.0
+    return text

@@ -116,14 +116,6 @@ def is_batched(scorer: Scorer) -> bool:
     return getattr(scorer, "batched", False) is True
 
 
-def overlong_penalty(
-    lengths: Sequence[int], *, max_response_length: int, buffer_len: int, penalty_factor: float
-) -> list[float]:
-    """DAPO's soft overlong penalty of each response length (see the module docstring), <= 0."""
-    start = max_response_length - buffer_len
-    return [-penalty_factor * min(max(length - start, 0) / buffer_len, 1.0) for length in lengths]
-
-
 def _as_score(result: Any) -> tuple[float, dict[str, Any]]:
     """Split a scorer's result into (score, extras); TypeError/ValueError if it is not one."""
     extras: dict[str, Any] = {}
@@ -284,12 +276,17 @@ class RewardManager:
             logger.warning("%d reward scorer failure(s) given fallback_score=%s; first: %s",
                            sum(errors.values()), self.fallback_score, first_error)
         if self.overlong_buffer_len is not None:
-            penalties = overlong_penalty(
-                [int(n) for n in response_lengths],  # type: ignore[union-attr]
+            # imported here: reward worker processes import this module, and must not pay for torch
+            import torch
+
+            from rlhf.algos.dapo import overlong_penalty
+
+            penalties = overlong_penalty(  # the one implementation, rlhf.algos.dapo
+                torch.tensor([int(n) for n in response_lengths]),  # type: ignore[union-attr]
                 max_response_length=self.max_response_length,  # type: ignore[arg-type]
-                buffer_len=self.overlong_buffer_len,
+                overlong_buffer_len=self.overlong_buffer_len,
                 penalty_factor=self.overlong_penalty_factor,
-            )
+            ).tolist()
             scores = [s + p for s, p in zip(scores, penalties)]
             for extras, penalty in zip(row_extras, penalties):
                 extras["overlong_penalty"] = penalty

@@ -16,8 +16,9 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
 
 
 def rollout_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
-    mask = batch["response_mask"].bool()
-    lengths = mask.sum(dim=1)
+    mask = batch["response_mask"].bool()  # the tokens trained on (rollout correction may reject some)
+    # lengths as generated: the response part of the attention mask (equal to the engine's response mask)
+    lengths = batch["attention_mask"][:, -mask.shape[1]:].sum(dim=1)
     metrics = {
         **_stats("critic/score", batch["token_level_scores"].sum(dim=1)),
         **_stats("response_length", lengths),

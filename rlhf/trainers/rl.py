@@ -1,20 +1,40 @@
 """The RL trainer (PPO family: GRPO, PPO with a critic, ...): the driver loop of one RL stage.
 
-generate -> reward -> old/ref log-probs (when needed) -> values -> KL penalty -> advantages
--> critic update -> actor update -> log -> validate -> checkpoint. Worker groups do the model
-work; everything here is light bookkeeping on the driver. The weight sync to the rollout
-engine is free: the HF engine generates with the actor's own module (hybrid engine).
+generate -> reward -> old/ref log-probs (when needed) -> rollout correction -> values -> KL penalty
+-> advantages -> PF-PPO resampling -> critic update -> actor update -> log -> validate -> checkpoint.
+Worker groups do the model work; everything here is light bookkeeping on the driver. The weight
+sync to the rollout engine is free: the HF engine generates with the actor's own module (hybrid
+engine).
+
+Each algorithm variant is one argument (one graph node): the estimator (`advantage`, whose needs
+come from `rlhf.algos.requirements`: a greedy baseline rollout for ReMax, token statistics for the
+optimal token baseline), `rollout_correction`, `dynamic_sampling` (DAPO) and `pf_ppo`. The
+policy loss lives in the policy worker's objective; overlong shaping in the reward manager.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
-from rlhf.algos import GRPO, AdvantageInputs, apply_kl_penalty, group_ids_from_uids, kl_k1
+from rlhf.algos import (
+    GRPO,
+    AdvantageInputs,
+    DynamicSamplingAccumulator,
+    RolloutCorrection,
+    apply_kl_penalty,
+    group_ids_from_uids,
+    kl_k1,
+    pf_ppo_resample,
+)
+from rlhf.algos.pf_ppo import Weighting
+from rlhf.algos.requirements import estimator_needs, setup_problems
 from rlhf.batch import Batch
 from rlhf.data.prompts import PromptDataset
 from rlhf.ranges import NonNegativeInt, PositiveInt
@@ -23,6 +43,7 @@ from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
+from rlhf.trainers.dynamic_sampling import collect_groups_with_variance, concat_rollouts
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
 from rlhf.trainers.records import RolloutRecorder, truncate_records
@@ -60,23 +81,22 @@ class RLTrainer:
         records: RolloutRecorder | None = None,  # write rollouts to <stage dir>/rollouts.jsonl
         reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
         reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
+        rollout_correction: RolloutCorrection | None = None,  # TIS / rejection (MIS) of the rollout-trainer mismatch
+        # DAPO dynamic sampling: fdl.Partial(DynamicSamplingAccumulator, max_attempts=k) (the trainer passes
+        # target_num_groups=prompts_per_step); None: off
+        dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
+        pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
-        if getattr(advantage, "requires_critic", False) and critic is None:
-            raise ValueError(
-                f"{type(advantage).__name__} needs a critic (values), but RLTrainer.critic is None. Add a critic "
-                "group (see experiments/qwen_gsm8k_ppo.py) or use a critic-free estimator such as GRPO."
-            )
+        problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
+                                  dynamic_sampling=dynamic_sampling is not None)
+        if problems:
+            raise ValueError("RLTrainer: " + " ".join(f"{p.field}: {p.message}" for p in problems))
         if reward_model is not None and not getattr(train_data, "raw_prompt", False):
             raise ValueError(
                 "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
                 "chat messages: build train_data with PromptDataset(raw_prompt=True)."
-            )
-        if isinstance(advantage, GRPO) and sampling.n < 2:
-            raise ValueError(
-                "GRPO compares samples of the same prompt, but sampling.n is 1: every advantage would be 0. "
-                "Set sampling.n >= 2 (verl's rollout.n)."
             )
         self.policy = policy
         self.tokenizer = tokenizer
@@ -99,6 +119,10 @@ class RLTrainer:
         self.records = records
         self.reward_model = reward_model
         self.reward_model_weight = reward_model_weight
+        self.rollout_correction = rollout_correction
+        self.dynamic_sampling = dynamic_sampling
+        self.pf_ppo = pf_ppo
+        self.needs = estimator_needs(advantage)
         self.seed = seed
         self._prompts = None  # the batch iterator of the current run
         self._data_position = None  # a streaming dataset's position, restored from a checkpoint
@@ -124,7 +148,7 @@ class RLTrainer:
         metrics: dict[str, float] = {}
         bad_steps = 0
         for step in bar:
-            metrics, batch = self.step(next(prompts), needs, step)
+            metrics, batch = self.step(next(prompts), needs, step, more_prompts=lambda: next(prompts))
             bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
             if bad_steps >= self.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
@@ -146,35 +170,36 @@ class RLTrainer:
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
         return {"checkpoint": checkpoint, "metrics": metrics}
 
-    def step(self, prompts: Batch, needs: dict[str, bool], step: int) -> tuple[dict[str, float], Batch]:
-        """One RL step; returns its metrics and the scored batch."""
+    def step(
+        self, prompts: Batch, needs: dict[str, bool], step: int, more_prompts: Callable[[], Batch] | None = None
+    ) -> tuple[dict[str, float], Batch]:
+        """One RL step; returns its metrics and the scored batch. `more_prompts` gives the prompts of
+        further generation rounds (dynamic sampling)."""
         timing: dict[str, float] = {}
         start = time.perf_counter()
-        with timed(timing, "gen"):
-            batch = self.policy.generate(prompts, self.sampling)
-        with timed(timing, "reward"):
-            scores, reward_metrics = score_rollout(
-                batch, self.tokenizer, self.reward, self.reward_model, self.reward_model_weight
-            )
-            batch = batch.union(scores)
-        if needs["old_log_probs"] or self.kl_in_reward is not None:
+        batch, reward_metrics = self._rollout(prompts, more_prompts, timing)
+        correcting = self.rollout_correction is not None
+        # bypass mode without rejections trains against the engine's log-probs: no old-log-prob pass
+        bypass = correcting and self.rollout_correction.bypass and not self.rollout_correction.rejections
+        if self.needs.token_statistics:
+            with timed(timing, "old_log_prob"):
+                batch = batch.union(self.policy.compute_token_stats(batch))
+        elif (needs["old_log_probs"] or correcting) and not bypass or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
         if needs["ref"] or self.kl_in_reward is not None:
             with timed(timing, "ref"):
                 batch = batch.union(self.policy.compute_ref_log_probs(batch))
+        correction_metrics = self._correct_rollout(batch) if correcting else {}
         if self.critic is not None:
             with timed(timing, "values"):
                 batch = batch.union(self.critic.compute_values(batch))
         with timed(timing, "adv"):
             kl_metrics = self._rewards(batch)
-            inputs = AdvantageInputs(
-                token_level_rewards=batch["token_level_rewards"],
-                response_mask=batch["response_mask"],
-                group_ids=group_ids_from_uids(batch["uid"]),
-                values=batch["values"] if "values" in batch else None,
-            )
-            batch["advantages"], batch["returns"] = self.advantage(inputs)
+            batch["advantages"], batch["returns"] = self.advantage(self._advantage_inputs(batch))
+        pf_metrics = {}
+        if self.pf_ppo is not None:
+            batch, pf_metrics = self._pf_ppo_resample(batch, step)
         update_metrics: dict[str, float] = {}
         if self.critic is not None:
             with timed(timing, "update_critic"):
@@ -187,13 +212,87 @@ class RLTrainer:
         metrics = {
             **rollout_metrics(batch, self.sampling.max_new_tokens),
             **reward_metrics,
+            **correction_metrics,
             **kl_metrics,
+            **pf_metrics,
             **update_metrics,
             **timing,
             "perf/throughput": tokens / timing["timing_s/step"] / self.policy.world_size,
             "perf/total_num_tokens": tokens,
         }
         return metrics, batch
+
+    def _rollout(
+        self, prompts: Batch, more_prompts: Callable[[], Batch] | None, timing: dict[str, float]
+    ) -> tuple[Batch, dict[str, float]]:
+        """The step's scored samples: one round, or DAPO's rounds until enough groups with reward spread."""
+        if self.dynamic_sampling is None:
+            return self._generate_and_score(prompts, timing)
+        rounds: list[dict[str, float]] = []
+
+        def one_round() -> Batch:
+            batch, metrics = self._generate_and_score(prompts if not rounds else more_prompts(), timing)
+            rounds.append(metrics)
+            return batch
+
+        accumulator = self.dynamic_sampling(target_num_groups=self.prompts_per_step, concat=concat_rollouts)
+        batch, metrics = collect_groups_with_variance(one_round, accumulator)
+        for key in rounds[0]:  # rounds' reward metrics, averaged
+            metrics[key] = sum(r.get(key, 0.0) for r in rounds) / len(rounds)
+        return batch, metrics
+
+    def _generate_and_score(self, prompts: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        with timed(timing, "gen"):
+            batch = self.policy.generate(prompts, self.sampling)
+        with timed(timing, "reward"):
+            scores, metrics = score_rollout(batch, self.tokenizer, self.reward, self.reward_model,
+                                            self.reward_model_weight)
+            batch = batch.union(scores)
+        if self.needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
+            with timed(timing, "gen_max"):
+                greedy = self.policy.generate(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0))
+                baseline = score_rollout(greedy, self.tokenizer, self.reward, self.reward_model,
+                                         self.reward_model_weight)[0]["scores"]
+            batch["baseline_rewards"] = baseline.repeat_interleave(self.sampling.n)
+            metrics["critic/baseline_score/mean"] = float(baseline.mean())
+        return batch, metrics
+
+    def _advantage_inputs(self, batch: Batch) -> AdvantageInputs:
+        column = lambda key: batch[key] if key in batch else None  # noqa: E731
+        return AdvantageInputs(
+            token_level_rewards=batch["token_level_rewards"],
+            response_mask=batch["response_mask"],
+            group_ids=group_ids_from_uids(batch["uid"]),
+            values=column("values"),
+            baseline_rewards=column("baseline_rewards"),
+            old_log_probs=column("old_log_probs"),
+            sum_pi_squared=column("sum_pi_squared"),
+            rollout_is_weights=column("rollout_is_weights"),
+        )
+
+    def _correct_rollout(self, batch: Batch) -> dict[str, float]:
+        """Rollout correction in place: old log-probs (bypass), the mask after rejection, IS weights
+        for the policy loss; its diagnostics under verl's `rollout_corr/` names."""
+        out = self.rollout_correction(
+            batch["old_log_probs"] if "old_log_probs" in batch else None, batch["rollout_log_probs"],
+            batch["response_mask"],
+        )
+        batch["old_log_probs"] = out.old_log_probs
+        batch["response_mask"] = out.response_mask
+        if out.rollout_is_weights is not None:
+            batch["rollout_is_weights"] = out.rollout_is_weights
+        return {f"rollout_corr/{k}": float(v) for k, v in out.metrics.items()}
+
+    def _pf_ppo_resample(self, batch: Batch, step: int) -> tuple[Batch, dict[str, float]]:
+        """PF-PPO: rows drawn with replacement by the weighting of their scores (after the advantages,
+        as verl does, so group baselines see the batch as sampled)."""
+        scores = batch["token_level_scores"].sum(dim=1)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + step)  # resumable
+        rows = pf_ppo_resample(scores, self.pf_ppo, generator=generator)
+        return batch.index(rows), {
+            "pf_ppo/score_mean_before": float(scores.mean()),
+            "pf_ppo/unique_fraction": float(torch.unique(rows).numel() / len(rows)),
+        }
 
     def _rewards(self, batch: Batch) -> dict[str, float]:
         """token_level_rewards: the scores, minus the KL penalty when it is in the reward."""

@@ -47,7 +47,9 @@ class PolicyObjective:
         mask = batch["response_mask"]
         # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.
         old = batch["old_log_probs"] if "old_log_probs" in batch else log_probs.detach()
-        loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, num_tokens=num_tokens, num_seqs=num_seqs)
+        weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch else None  # rollout correction (TIS)
+        loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, num_tokens=num_tokens, num_seqs=num_seqs,
+                                     rollout_is_weights=weights)
         metrics = {f"actor/{k}": _detached(v) for k, v in raw.items()}
         if self.kl_loss is not None:
             kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, num_tokens=num_tokens, num_seqs=num_seqs)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy
+from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
@@ -206,6 +206,27 @@ class PolicyWorker:
         """`old_log_probs` (B,T): the current policy's log-probs, before this step's update."""
         self.trainer.model.eval()
         return self._log_probs_batched(self.trainer.model, batch, "old_log_probs")
+
+    @shard
+    def compute_token_stats(self, batch: Batch) -> Batch:
+        """`old_log_probs` and `sum_pi_squared` (B,T), sum_v pi_old(v)^2 at the sampling temperature: the
+        optimal token baseline's inputs, from one forward pass here where the logits are (the driver
+        never sees a (B,T,V) tensor)."""
+        self.trainer.model.eval()
+        temperature = batch.meta.get("temperature", 1.0)
+
+        @torch.no_grad()
+        def forward(micro: Batch) -> torch.Tensor:
+            with self.trainer.autocast():
+                logits = _response_outputs(self.trainer.model, micro, self.shared_prefix, None)
+                log_probs = log_probs_and_entropy(logits, micro["responses"], temperature=temperature,
+                                                  max_block_elements=self.logits_block_elements)[0]
+                sum_pi2 = sum_pi_squared_from_logits(logits, temperature=temperature,
+                                                     max_block_elements=self.logits_block_elements)
+            return torch.stack([log_probs, sum_pi2], dim=-1)
+
+        stats = self.trainer.map_micro_batches(batch, forward)
+        return Batch({"old_log_probs": stats[..., 0], "sum_pi_squared": stats[..., 1]})
 
     @shard
     def compute_ref_log_probs(self, batch: Batch) -> Batch:

@@ -3,6 +3,7 @@
 import pytest
 import torch
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rlhf.algos.dapo import DynamicSamplingAccumulator, groups_with_variance, overlong_penalty
 from rlhf.algos.pf_ppo import MaxMinWeights, MaxRandomWeights, PowWeights, pf_ppo_resample
@@ -17,6 +18,27 @@ def test_overlong_penalty_golden():
     torch.testing.assert_close(out, torch.tensor([0.0, 0.0, -0.25, -0.5, -0.5]))
     with pytest.raises(ValueError):
         overlong_penalty(lengths, 20, 0)
+
+
+def test_overlong_penalty_hand_computed():
+    # Lmax = 20, Lbuf = 8: no penalty up to 12 tokens, then -(L - 12) / 8, -1 from 20 on.
+    penalties = overlong_penalty(torch.tensor([0, 12, 13, 16, 19, 20, 25]), 20, 8, penalty_factor=1.0)
+    assert penalties.tolist() == [0.0, 0.0, -0.125, -0.5, -0.875, -1.0, -1.0]
+
+
+@given(
+    lengths=st.lists(st.integers(0, 300), max_size=20),
+    max_len=st.integers(1, 256),
+    frac=st.floats(0.01, 1.0),
+    factor=st.floats(0.0, 4.0),
+)
+def test_overlong_penalty_properties(lengths, max_len, frac, factor):
+    buffer = max(1, int(max_len * frac))
+    penalties = overlong_penalty(torch.tensor(lengths, dtype=torch.long), max_len, buffer, factor).tolist()
+    assert all(-factor * (1 + 1e-6) <= p <= 0.0 for p in penalties)
+    ordered = sorted(zip(lengths, penalties))
+    assert all(a[1] >= b[1] for a, b in zip(ordered, ordered[1:]))  # longer never scores better
+    assert all(p == 0.0 for n, p in zip(lengths, penalties) if n <= max_len - buffer)
 
 
 def test_groups_with_variance_golden():

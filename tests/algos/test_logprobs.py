@@ -175,3 +175,15 @@ def test_fused_linear_path_equals_logits_then_log_probs(N, H, V, tau, with_entro
     torch.testing.assert_close(lp, lp_ref.float(), atol=1e-5, rtol=1e-5)
     for got, want in zip(grads, grads_ref):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+def test_sum_pi_squared_in_blocks_at_a_temperature():
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 5, 11, generator=g, dtype=torch.float64)
+    expected = torch.softmax(logits / 0.7, dim=-1).square().sum(-1)
+    for budget in (11, 33, None):  # one row per block, three, the default
+        out = sum_pi_squared_from_logits(logits, temperature=0.7, max_block_elements=budget)
+        torch.testing.assert_close(out, expected)
+    bf16 = sum_pi_squared_from_logits(logits.to(torch.bfloat16), temperature=0.7, max_block_elements=11)
+    assert bf16.dtype == torch.float32
+    torch.testing.assert_close(bf16, expected.float(), atol=2e-2, rtol=2e-2)

@@ -19,19 +19,25 @@ def good_row() -> dict:
 
 
 def test_good_row_passes():
-    validate_row(good_row(), source="train.jsonl", index=0)
+    validate_row(good_row(), source="train.jsonl", index=0)  # no DataError
+    with pytest.raises(DataError):  # the control: the validator is not one that accepts everything
+        validate_row({**good_row(), "prompt": "What is 2+3?"}, source="train.jsonl", index=0)
 
 
 def test_optional_fields_may_be_absent():
     row = good_row()
     del row["ability"], row["extra_info"], row["reward_model"]["style"]
-    validate_row(row, source="train.jsonl", index=0)
+    validate_row(row, source="train.jsonl", index=0)  # no DataError
+    del row["data_source"]
+    with pytest.raises(DataError, match="data_source"):  # a required one may not
+        validate_row(row, source="train.jsonl", index=0)
 
 
 def test_dict_ground_truth_is_accepted_for_tinyzero_countdown_data():
     row = good_row()
     row["reward_model"]["ground_truth"] = {"target": 24, "numbers": [2, 3, 4]}
-    validate_row(row, source="countdown.parquet", index=0)
+    validate_row(row, source="countdown.parquet", index=0)  # no DataError
+    assert ground_truth(row) == '{"numbers": [2, 3, 4], "target": 24}'
 
 
 def _set(path, value):
@@ -115,8 +121,9 @@ def test_validation_does_not_modify_the_row():
     assert row == before
 
 
-def test_data_error_is_a_value_error():
-    assert issubclass(DataError, ValueError)
+def test_data_errors_are_caught_as_value_errors():
+    with pytest.raises(ValueError):  # callers that catch ValueError (bad input) catch bad rows too
+        validate_row(["data_source", "x"], source="gen", index=0)
 
 
 def test_ground_truth_string_and_dict():

@@ -53,3 +53,29 @@ def test_end_markers_option():
 
 def test_extra_info_is_accepted_and_ignored():
     assert exact_match_score("68", "68", {"split": "test"}) == 1.0
+
+
+DIGIT_CASES = [
+    ("114", "114", 1.0),
+    ("114<|im_end|>", "114", 1.0),  # same clean-up as exact_match_score
+    ("104", "114", 2 / 3),  # units and hundreds line up
+    ("14", "114", 2 / 3),  # aligned from the right: 4 under 4, 1 under 1
+    ("1140", "114", 1 / 4),  # 0|4, 4|1, 1|1, 1|-: one match over four places
+    ("99", "35", 0.0),
+    ("", "35", 0.0),
+    ("5", "35", 0.5),
+]
+
+
+@pytest.mark.parametrize("response, truth, expected", DIGIT_CASES)
+def test_digit_match_score(response, truth, expected):
+    from rlhf.rewards import digit_match_score
+
+    assert digit_match_score(response, truth) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("response, truth, expected", CASES)
+def test_digit_match_is_one_exactly_when_exact_match_is(response, truth, expected):
+    from rlhf.rewards import digit_match_score
+
+    assert (digit_match_score(response, truth) == 1.0) == (expected == 1.0)

@@ -1,12 +1,16 @@
 """RLTrainer guards: NaN gradients stop the run after K steps with the weights untouched; bad setups
 are refused before training."""
 
+import functools
+
 import fiddle as fdl
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhf.algos import GAE, GRPO
+from rlhf.algos import GAE, GRPO, RLOO, DynamicSamplingAccumulator, OptimalTokenBaseline, ReMax
+from rlhf.algos.requirements import NEEDS
+from rlhf.config.checks import check_experiment
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
@@ -50,13 +54,38 @@ def test_nan_gradients_stop_the_run_and_never_touch_the_weights(tmp_path):
         assert torch.equal(v, initial[k]), f"{k} changed although every gradient was NaN"
 
 
-def test_grpo_with_one_sample_per_prompt_is_refused():
-    with pytest.raises(ValueError, match="sampling.n is 1"):
-        RLTrainer(None, None, PromptDataset(arithmetic_rows(4), load_tokenizer(tiny_model_path())),
-                  RewardManager({"arithmetic": exact_match_score}), advantage=GRPO(), sampling=SamplingParams(n=1))
+def trainer(advantage, n=8, **kw):
+    return RLTrainer(None, None, PromptDataset(arithmetic_rows(4), load_tokenizer(tiny_model_path())),
+                     RewardManager({"arithmetic": exact_match_score}), advantage=advantage,
+                     sampling=SamplingParams(n=n), **kw)
+
+
+@pytest.mark.parametrize("estimator", sorted(NEEDS, key=lambda c: c.__name__), ids=lambda c: c.__name__)
+def test_the_trainer_and_preflight_refuse_the_same_setups(estimator):
+    """Both read rlhf.algos.requirements: every estimator with n=1 and no critic is refused by the
+    trainer exactly when preflight reports it, with the same message."""
+    graph_errors = check_experiment(fdl.Config(Experiment, name="x", stages={"rl": fdl.Config(
+        RLTrainer, advantage=fdl.Config(estimator), sampling=fdl.Config(SamplingParams, n=1))}),
+        cpus=1, gpus=0).errors
+    graph_errors = [e for e in graph_errors if "needs `" not in e]  # unset policy, tokenizer...: not the point
+    if NEEDS[estimator].min_samples > 1 or NEEDS[estimator].critic:
+        with pytest.raises(ValueError) as err:
+            trainer(estimator(), n=1)
+        assert len(graph_errors) == 1
+        assert graph_errors[0].split(": ", 1)[1].split(" Fix:")[0] in str(err.value)
+    else:
+        trainer(estimator(), n=1)
+        assert graph_errors == []
+
+
+def test_group_estimators_with_one_sample_per_prompt_are_refused():
+    for estimator in (GRPO(), RLOO(), OptimalTokenBaseline()):
+        with pytest.raises(ValueError, match="compares the samples of each prompt, and n=1"):
+            trainer(estimator, n=1)
+    with pytest.raises(ValueError, match="dynamic sampling keeps the prompts"):
+        trainer(ReMax(), n=1, dynamic_sampling=functools.partial(DynamicSamplingAccumulator, max_attempts=2))
 
 
 def test_gae_without_a_critic_is_refused():
     with pytest.raises(ValueError, match="needs a critic"):
-        RLTrainer(None, None, PromptDataset(arithmetic_rows(4), load_tokenizer(tiny_model_path())),
-                  RewardManager({"arithmetic": exact_match_score}), advantage=GAE())
+        trainer(GAE())

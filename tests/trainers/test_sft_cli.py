@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from rlhf.cli import main
 from rlhf.data.files import write_rows
@@ -22,7 +23,11 @@ def test_rlhf_sft_trains_on_prompt_rows_with_val_loss_and_accuracy(tmp_path, cap
     assert code == 0
     assert "val/sft_loss" in out and "val-core/arithmetic/reward/mean@1" in out
     checkpoint = out.split("checkpoint: ")[1].split()[0]
-    assert checkpoint.endswith("sft/final") and load_causal_lm(checkpoint, "float32") is not None
+    assert checkpoint.endswith("sft/final")
+    trained = load_causal_lm(checkpoint, "float32").state_dict()
+    initial = load_causal_lm(tiny_model_path(), "float32").state_dict()
+    assert trained.keys() == initial.keys()
+    assert any(not torch.equal(trained[k], initial[k]) for k in trained)  # the trained weights, not the initial ones
 
 
 def test_rlhf_sft_reads_chat_rows(tmp_path, capsys):

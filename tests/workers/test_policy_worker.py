@@ -12,22 +12,63 @@ from rlhf.workers.policy import PolicyWorker
 from helpers import grpo_worker, scored_rollout, tiny_model_path
 
 
+def reference_log_probs(model_path, batch, temperature=1.0):
+    """log pi(y_t) by a plain full forward and log_softmax (independent of the worker's blocked pass)."""
+    model = AutoModelForCausalLM.from_pretrained(model_path).eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=batch["position_ids"]).logits.double() / temperature
+    R = batch["responses"].shape[1]
+    log_p = torch.log_softmax(logits[:, -R - 1:-1], dim=-1)
+    return log_p, log_p.gather(-1, batch["responses"][..., None]).squeeze(-1)
+
+
 def test_trainer_log_probs_match_the_engines_before_any_update():
     worker = grpo_worker()
     batch = scored_rollout(worker)
     old = worker.compute_log_probs(batch)["old_log_probs"]
     mask = batch["response_mask"].bool()
     assert torch.allclose(old[mask], batch["rollout_log_probs"][mask], atol=1e-4)
-    # the reference is the same initial model
-    assert torch.allclose(batch["ref_log_probs"][mask], old[mask], atol=1e-5)
+    _, expected = reference_log_probs(tiny_model_path(), batch)
+    assert torch.allclose(old[mask].double(), expected[mask], atol=1e-5)
 
 
-def test_update_changes_weights_and_reports_verl_metrics():
+def test_reference_log_probs_come_from_the_reference_model():
+    path, ref_path = tiny_model_path(), tiny_model_path(seed=1)  # a different model as the reference
+    worker = PolicyWorker(path, objective=PolicyObjective(kl_loss=KLLoss()), ref_model_path=ref_path, micro_batch_size=4)
+    batch = scored_rollout(worker)
+    mask = batch["response_mask"].bool()
+    ref = worker.compute_ref_log_probs(batch)["ref_log_probs"]
+    _, expected = reference_log_probs(ref_path, batch)
+    assert torch.allclose(ref[mask].double(), expected[mask], atol=1e-5)
+    old = worker.compute_log_probs(batch)["old_log_probs"]
+    assert (old[mask] - ref[mask]).abs().mean() > 0.1  # not the policy's own log-probs
+
+
+def test_token_stats_for_the_optimal_token_baseline():
     worker = grpo_worker()
-    before = worker.parameters_digest()
-    metrics = worker.update(scored_rollout(worker))
-    after = worker.parameters_digest()
-    assert any(not torch.equal(before[k], after[k]) for k in before)
+    batch = scored_rollout(worker)
+    batch.meta["temperature"] = 0.7
+    stats = worker.compute_token_stats(batch)
+    mask = batch["response_mask"].bool()
+    log_p, expected = reference_log_probs(tiny_model_path(), batch, temperature=0.7)
+    assert torch.allclose(stats["old_log_probs"][mask].double(), expected[mask], atol=1e-5)
+    sum_pi2 = log_p.exp().square().sum(-1)
+    assert torch.allclose(stats["sum_pi_squared"][mask].double(), sum_pi2[mask], rtol=1e-4)
+    assert torch.equal(stats["old_log_probs"], worker.compute_log_probs(batch)["old_log_probs"])
+
+
+def test_update_moves_log_probs_the_way_the_advantages_point():
+    worker = grpo_worker(optimizer=lambda params: torch.optim.SGD(params, lr=0.05))
+    batch = scored_rollout(worker)
+    mask = batch["response_mask"].bool()
+    before = worker.compute_log_probs(batch)["old_log_probs"]
+    metrics = worker.update(batch)
+    change = worker.compute_log_probs(batch)["old_log_probs"] - before
+    advantages = batch["advantages"]
+    # a policy-gradient step raises log pi where A > 0 and lowers it where A < 0
+    assert (advantages * change)[mask].sum() > 0
+    assert change[mask & (advantages > 0.5)].mean() > 0 > change[mask & (advantages < -0.5)].mean()
     for name in ["actor/pg_loss", "actor/pg_clipfrac", "actor/kl_loss", "actor/entropy", "actor/grad_norm"]:
         assert name in metrics, name
     assert worker.requirements() == {"old_log_probs": False, "ref": False}  # update computes ref log-probs itself

@@ -1,0 +1,219 @@
+"""Every algorithm fiddler of experiments/arithmetic_tiny.py runs, and does what it is for.
+
+Each case is `--config fiddler:NAME --config fiddler:smoke --config fiddler:local` through the
+in-process API, RL stage only: the SFT stage runs once for the module and its checkpoint is given
+to every RL stage (`resolve_stage_outputs`, what the runner does between stages). The checks read
+the last step's metrics and the recorded rollouts (scores and first-token advantages per sample),
+and recompute what the feature must have done to them.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+import rlhf_configs.common as common
+from rlhf.runtime.experiment import resolve_stage_outputs, run_experiment
+from rlhf.trainers.records import read_records
+
+from test_arithmetic_tiny import load_experiment
+
+MODULE = load_experiment()
+
+
+def graph_for(tmp_path: Path, *fiddlers):
+    graph = MODULE.base()
+    for name in fiddlers:
+        getattr(MODULE, name)(graph)
+    MODULE.smoke(graph)
+    for f in (common.local, common.no_tracking, common.quiet):
+        f(graph)
+    graph.output_dir = str(tmp_path)
+    return graph
+
+
+@pytest.fixture(scope="module")
+def sft_checkpoint(tmp_path_factory) -> str:
+    graph = graph_for(tmp_path_factory.mktemp("sft"))
+    graph.stages = {"sft": graph.stages["sft"]}
+    return run_experiment(graph)["sft"]["checkpoint"]
+
+
+def run_rl(name: str, sft_checkpoint: str, tmp_path: Path) -> tuple[dict, dict[str, list[dict]]]:
+    """The RL stage with fiddler `name`: its last metrics, and step 2's recorded rows by prompt uid."""
+    graph = graph_for(tmp_path, *([name] if name != "grpo" else []))
+    graph.stages = {"grpo": resolve_stage_outputs(graph.stages["grpo"], {"sft": {"checkpoint": sft_checkpoint}}, "grpo")}
+    result = run_experiment(graph)["grpo"]
+    groups = defaultdict(list)
+    for row in read_records(Path(result["checkpoint"]).parent, step=2):
+        groups[row["uid"]].append(row)
+    return result["metrics"], dict(groups)
+
+
+def scores(rows):
+    return [r["score"] for r in rows]
+
+
+def approx(values, expected):
+    assert values == pytest.approx(expected, rel=1e-4, abs=1e-5)
+
+
+def with_spread(groups):
+    spread = [rows for rows in groups.values() if len(set(scores(rows))) > 1]
+    assert spread, "no prompt got different rewards: the check below would be vacuous"
+    return spread
+
+
+# ------------------------------------------------------------------ estimators
+def check_grpo(metrics, groups):
+    for rows in groups.values():
+        s = scores(rows)
+        std = statistics.stdev(s)
+        approx([r["advantage"] for r in rows], [(x - statistics.mean(s)) / (std + 1e-6) for x in s])
+
+
+def check_rloo(metrics, groups):
+    for rows in with_spread(groups):
+        s = scores(rows)
+        approx([r["advantage"] for r in rows], [x - (sum(s) - x) / (len(s) - 1) for x in s])
+
+
+def check_opo(metrics, groups):
+    for rows in with_spread(groups):
+        s, lengths = scores(rows), [r["response_length"] for r in rows]
+        baseline = sum(n * x for n, x in zip(lengths, s)) / sum(lengths)
+        approx([r["advantage"] for r in rows], [x - baseline for x in s])
+
+
+def check_gpg(metrics, groups):
+    spread = with_spread(groups)
+    alpha = sum(map(len, groups.values())) / sum(map(len, spread))  # B / (B - M)
+    for rows in groups.values():
+        s = scores(rows)
+        expected = [alpha * (x - statistics.mean(s)) for x in s] if rows in spread else [0.0] * len(s)
+        approx([r["advantage"] for r in rows], expected)
+    assert "actor/kl_loss" not in metrics
+
+
+def check_grpo_passk(metrics, groups):
+    for rows in with_spread(groups):
+        s = scores(rows)
+        credited = [r for r in rows if r["advantage"] != 0]
+        if s.count(max(s)) == 1:  # only the best sample gets credit, max - second max > 0
+            assert len(credited) == 1 and credited[0]["score"] == max(s)
+        else:  # a tie for the best: max - second max = 0, nobody does
+            assert credited == []
+
+
+def check_reinforce_pp(metrics, groups):
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.001  # the KL went into the reward...
+    assert "actor/kl_loss" not in metrics  # ...and out of the loss
+    advantages = [r["advantage"] for rows in groups.values() for r in rows]
+    assert max(advantages) > 0 > min(advantages)  # whitened over the batch
+
+
+def check_remax(metrics, groups):
+    assert metrics["timing_s/gen_max"] > 0  # the greedy rollout ran inside the step
+    assert metrics["timing_s/step"] > metrics["timing_s/gen"] + metrics["timing_s/gen_max"]
+    for rows in groups.values():  # A = score - greedy score: the same baseline for the whole group
+        baselines = {round(r["score"] - r["advantage"], 4) for r in rows}
+        assert len(baselines) == 1
+
+
+def check_optimal_token_baseline(metrics, groups):
+    differs_from_mean = False
+    for rows in with_spread(groups):
+        s = scores(rows)
+        baselines = {round(r["score"] - r["advantage"], 4) for r in rows}
+        assert len(baselines) == 1  # at t = 0 every sample of a group shares one weighted baseline
+        (b,) = baselines
+        assert min(s) - 1e-4 <= b <= max(s) + 1e-4  # a weighted mean of the group's returns
+        differs_from_mean |= abs(b - statistics.mean(s)) > 1e-3  # weights from sum_pi_squared, not uniform
+    assert differs_from_mean
+
+
+def check_ppo(metrics, groups):
+    assert {"critic/vf_loss", "critic/values/mean", "critic/vf_explained_var"} <= metrics.keys()
+    assert all(len(rows) == 1 for rows in groups.values())  # one sample per prompt
+
+
+# -------------------------------------------------------- DAPO and trainer features
+def check_dapo(metrics, groups):
+    assert 1 <= metrics["train/num_gen_batches"] <= 3
+    found, filled = metrics["dynamic_sampling/groups_with_variance"], metrics["dynamic_sampling/filled_groups"]
+    assert found + filled == 4 and len(groups) == 4
+    assert sum(len(set(scores(rows))) > 1 for rows in groups.values()) >= found  # kept for their spread
+    assert metrics["reward/overlong_penalty/mean"] <= 0  # overlong shaping on the RL stage's reward
+    assert "actor/kl_loss" not in metrics
+
+
+def check_pf_ppo(metrics, groups):
+    assert metrics["pf_ppo/unique_fraction"] < 1  # resampled with replacement...
+    assert sum(map(len, groups.values())) == 32  # ...to the same batch size
+    assert metrics["pf_ppo/score_mean_before"] > 0
+    assert metrics["critic/score/mean"] > metrics["pf_ppo/score_mean_before"]  # |score|^2 favours high scores
+
+
+def check_rollout_correction(metrics, groups):
+    for key in ("rollout_is_mean", "rollout_is_eff_sample_size", "rollout_rs_masked_fraction", "kl", "chi2_seq"):
+        assert f"rollout_corr/{key}" in metrics, key
+    # the HF engine samples with the trainer's own module in float32: no mismatch to correct
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == 0.0
+    assert abs(metrics["rollout_corr/kl"]) < 1e-4
+
+
+def check_token_tis(metrics, groups):
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(1.0, abs=1e-3)
+    assert "rollout_corr/rollout_rs_masked_fraction" not in metrics  # no rejection configured
+
+
+# ------------------------------------------------------------------ policy losses
+def off_policy(metrics):
+    assert metrics["actor/ppo_kl"] != 0  # the second mini-batch ran on moved weights
+
+
+def check_gspo(metrics, groups):
+    off_policy(metrics)
+    assert metrics["actor/pg_clipfrac"] > 0  # the 4e-4 sequence-ratio range clips after one step
+    assert "actor/pg_clipfrac_lower" not in metrics  # not PPO's loss
+
+
+def check_sapo(metrics, groups):
+    off_policy(metrics)
+    assert "actor/pg_clipfrac" not in metrics  # a smooth gate: nothing is clipped
+
+
+def check_cispo(metrics, groups):
+    off_policy(metrics)
+    assert "actor/pg_clipfrac" in metrics and "actor/pg_clipfrac_lower" not in metrics
+
+
+def check_gmpo(metrics, groups):
+    check_cispo(metrics, groups)
+
+
+def check_clip_cov(metrics, groups):
+    assert metrics["actor/pg_clipcov_frac"] > 0  # some high-covariance tokens lost their gradient
+
+
+def check_kl_cov(metrics, groups):
+    assert metrics["actor/pg_klcov_frac"] > 0  # some high-covariance tokens got the KL penalty
+
+
+CHECKS = {name.removeprefix("check_"): fn for name, fn in dict(globals()).items() if name.startswith("check_")}
+
+
+def test_every_algorithm_fiddler_has_a_check():
+    fiddlers = {"ppo", "rloo", "reinforce_pp", "remax", "opo", "gpg", "grpo_passk", "optimal_token_baseline", "dapo",
+                "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "rollout_correction", "token_tis", "pf_ppo"}
+    assert fiddlers <= set(CHECKS) and all(hasattr(MODULE, f) for f in fiddlers)
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_fiddler_does_what_it_is_for(name, sft_checkpoint, tmp_path):
+    metrics, groups = run_rl(name, sft_checkpoint, tmp_path)
+    CHECKS[name](metrics, groups)
