@@ -32,9 +32,9 @@ def pytest_collection_modifyitems(config, items):
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu); run on a GPU machine")
         for item in items:
-            if "gpu" in item.keywords:
+            if item.get_closest_marker("gpu") is not None:
                 item.add_marker(skip)
-    marked = [item for item in items if "vllm" in item.keywords]
+    marked = [item for item in items if item.get_closest_marker("vllm") is not None]
     reason = _vllm_missing() if marked else None
     if reason is not None:
         for item in marked:

@@ -124,13 +124,15 @@ def prompt_token_lists(prompts: Batch) -> list[list[int]]:
 
 
 def named_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """The module's full parameters and buffers by Hugging Face name, one at a time.
+    """The module's full parameters by Hugging Face name, one at a time.
 
     An FSDP2-sharded tensor (DTensor) is gathered with `full_tensor()` just before it is
     yielded, so only one full tensor beyond the shards exists at a time; every rank must
-    iterate (each gather is a collective). Tied weights appear once per name.
+    iterate (each gather is a collective). Tied weights come once, under their first name
+    (`model.embed_tokens.weight`, not `lm_head.weight`): vLLM's loader refuses a tied head's
+    name arriving without the embedding in the same call.
     """
-    for name, tensor in module.state_dict().items():
+    for name, tensor in module.named_parameters():
         full = getattr(tensor, "full_tensor", None)
         yield name, (full() if full is not None else tensor).detach()
 
