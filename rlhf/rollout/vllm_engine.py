@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -95,6 +96,7 @@ class VLLMEngine:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         with _rng_kept():  # vLLM seeds Python's, NumPy's and torch's global generators in this process
             self.llm = LLM(**options)
+        _release_without_teardown(self.llm)
         self.tokenizer = self.llm.get_tokenizer()
         config = self.llm.llm_engine.model_config
         self.max_model_len = int(config.max_model_len)
@@ -190,6 +192,36 @@ class VLLMEngine:
         self.llm.wake_up(tags=list(tags) if tags is not None else None)
         if tags is None or "kv_cache" in tags:
             self.sleeping = False
+
+
+def _release_without_teardown(llm) -> None:
+    """When the engine is collected, free it but leave the process's distributed state alone.
+
+    An in-process vLLM engine's finalizer ends with `cleanup_dist_env_and_memory`, which destroys
+    vLLM's parallel groups and torch.distributed's default process group: the policy worker's
+    own (Accelerate's), and the groups any other engine in this process still uses (a second
+    stage under LocalRuntime, a test module after another). This finalizer shuts down the
+    engine's executor and scheduler only.
+    """
+    client = llm.llm_engine.engine_core
+    finalizer, core = getattr(client, "_finalizer", None), getattr(client, "engine_core", None)
+    if finalizer is None or core is None or not hasattr(core, "model_executor"):
+        return  # not the in-process client: a separate engine process owns its own state
+    finalizer.detach()
+    client._finalizer = weakref.finalize(client, _shutdown_core, core)
+
+
+def _shutdown_core(core) -> None:
+    import gc
+
+    for part in (getattr(core, "structured_output_manager", None),):
+        if part is not None:
+            part.clear_backend()
+    if core.model_executor:
+        core.model_executor.shutdown()
+    if core.scheduler:
+        core.scheduler.shutdown()
+    gc.unfreeze()
 
 
 @contextlib.contextmanager
