@@ -87,6 +87,10 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             worker_extension_cls="rlhf.rollout.vllm_worker.WeightSync",
         )
+        if on_cpu:
+            # vLLM 0.32's CPU runner crashes when it discards the token of a partly prefilled request
+            # that has its own seed ("CPU Generator does not use offset"): never split a prefill there
+            options["enable_chunked_prefill"] = False
         if _in_process_group():  # one engine per data-parallel rank, in the ranks' own processes
             options["distributed_executor_backend"] = "external_launcher"
         options.update(llm_options)
