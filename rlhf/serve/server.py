@@ -18,8 +18,9 @@ import uvicorn
 from fastapi import FastAPI
 
 from rlhf.models.loading import ModelNotFoundError
+from rlhf.rollout.choose import engine_class
+from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.serve.app import ServeLimits, build_app
-from rlhf.serve.engine import HFServeEngine
 
 log = logging.getLogger("rlhf.serve")
 
@@ -53,6 +54,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--served-model-name", help="the model id clients send (default: MODEL as given)")
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument(
+        "--engine", default="auto", choices=["auto", "hf", "vllm"],
+        help="rollout engine: transformers (hf) or vLLM; auto: vLLM on a GPU where it is installed, else hf",
+    )
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+                        help="vLLM: fraction of GPU memory (of RAM on CPU) for weights and KV cache")
+    parser.add_argument("--max-model-len", type=int, default=None,
+                        help="vLLM: prompt + response tokens per sequence (default: the model's limit)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument(
@@ -75,7 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.warning("serving on %s without an API key: anyone who can reach it can use it", args.host)
     limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)})
     try:
-        engine = HFServeEngine.from_pretrained(args.model, dtype=args.dtype)
+        engine = load_engine(args)
     except (ModelNotFoundError, ValueError) as err:  # no such folder; a tokenizer without a chat template
         raise SystemExit(f"error: {err}") from None
     name = args.served_model_name or args.model
@@ -87,6 +96,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         timeout_keep_alive=args.timeout_keep_alive,
     )
     return 0
+
+
+def load_engine(args: argparse.Namespace):
+    """The rollout engine `args` ask for, built from the model folder (rlhf.rollout.engine)."""
+    factory = engine_class(args.engine)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    log.info("rollout engine: %s", factory.__name__)
+    if factory is VLLMEngine:
+        return factory(args.model, dtype=args.dtype, gpu_memory_utilization=args.gpu_memory_utilization,
+                       max_model_len=args.max_model_len)
+    return factory(args.model, dtype=args.dtype, device=device)
 
 
 def _is_loopback(host: str) -> bool:

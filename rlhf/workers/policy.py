@@ -1,8 +1,10 @@
 """The policy worker: actor, rollout engine and reference policy colocated in one process.
 
-This is the hybrid engine: the rollout engine generates with the actor's own weights (the HF
-engine shares the module, so the weight sync after an update is free), and the frozen
-reference policy sits beside it for KL terms. One instance runs per data-parallel rank;
+This is the hybrid engine: the rollout engine generates with the actor's own weights, and the
+frozen reference policy sits beside it for KL terms. The transformers engine shares the actor's
+module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
+actor's weights streamed in before the first rollout after an update, and sleeps while the
+trainer runs (docs/rollout_engines.md). One instance runs per data-parallel rank;
 `ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation across ranks.
 """
 
@@ -20,6 +22,7 @@ from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
 from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
+from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.accelerator import Strategy, resolve_strategy
@@ -90,6 +93,52 @@ def _check_width_free_aggregation(objective: object) -> None:
             )
 
 
+class RolloutGap:
+    """The trainer-vs-engine log-prob gap of one update: mean and max |log pi_old - log pi_rollout|
+    over response tokens (`rollout_corr/log_prob_abs_diff`, `..._max`), logged every step.
+
+    Where it is free and right: with `old_log_probs` in the batch (off-policy updates) straight
+    from them; otherwise the update is provably on-policy (one epoch, one mini-batch: no
+    optimizer step before the last micro-batch), so each micro-batch's own log-probs are the
+    old ones, and the gap costs no extra forward. A stale engine (a missed weight sync) shows
+    here first: the gap jumps from rounding noise (~1e-6 fp32, ~1e-2 bf16) to O(1).
+    """
+
+    def __init__(self, batch: Batch):
+        self.active = "rollout_log_probs" in batch
+        self.from_old = self.active and "old_log_probs" in batch
+        self.max = torch.zeros(())
+        self.mean: float | None = None
+        if self.from_old:
+            mask = batch["response_mask"].bool()
+            diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()[mask]
+            self.mean = float(diff.mean()) if diff.numel() else 0.0
+            self.max = diff.max() if diff.numel() else torch.zeros(())
+
+    def from_micro_batch(self, log_probs: torch.Tensor, micro: Batch) -> dict[str, torch.Tensor]:
+        """The micro-batch's token-mean gap (the trainer averages it over tokens); tracks the max."""
+        if not self.active or self.from_old:
+            return {}
+        mask = micro["response_mask"].bool()
+        diff = (log_probs.detach() - micro["rollout_log_probs"]).abs().masked_fill(~mask, 0.0)
+        if diff.numel() == 0:
+            return {}
+        self.max = torch.maximum(self.max.to(diff.device), diff.max())
+        return {"rollout_corr/log_prob_abs_diff": diff.sum() / mask.sum().clamp(min=1)}
+
+    def result(self, trainer: ModelTrainer) -> dict[str, float]:
+        """The max over every rank (one collective); the mean when it came from old_log_probs."""
+        if not self.active:
+            return {}
+        peak = self.max.to(trainer.device, torch.float32).reshape(1)
+        if trainer.world_size > 1:
+            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
+        out = {"rollout_corr/log_prob_abs_diff_max": float(peak)}
+        if self.mean is not None:
+            out["rollout_corr/log_prob_abs_diff"] = self.mean
+        return out
+
+
 class PolicyWorker:
     """Generates, scores log-probs and trains the policy on one data-parallel rank."""
 
@@ -100,7 +149,9 @@ class PolicyWorker:
         optimizer: OptimizerFactory = torch.optim.AdamW,  # called with the parameters
         lr_scheduler: SchedulerFactory | None = None,  # called with the optimizer; stepped per optimizer step
         ref_model_path: str | None = None,  # frozen reference policy for KL; None: no reference
-        engine: Callable[..., object] = HFEngine,  # called as engine(model, tokenizer)
+        # the rollout engine (rlhf.rollout.engine): HFEngine shares the actor's module; others
+        # (VLLMEngine) are built from model_path and get the actor's weights after each update
+        engine: EngineFactory = HFEngine,
         strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs
         dtype: DType = "float32",  # storage of the policy's weights: float32 when trained (master weights)
         compute_dtype: DType = "float32",  # matmuls (autocast) and the reference model's storage; "bfloat16" on GPUs
@@ -151,7 +202,9 @@ class PolicyWorker:
         if ref_model_path is not None:
             self.ref_model = load_causal_lm(ref_model_path, compute_dtype).to(self.trainer.device).eval()
             self.ref_model.requires_grad_(False)
-        self.engine = engine(self.trainer.unwrapped(), self.tokenizer)
+        self.engine = for_policy(engine, model_path, self.trainer.unwrapped(), self.tokenizer,
+                                 dtype=compute_dtype, device=self.trainer.device)
+        self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
         # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
         # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
         fsdp = resolve_strategy(strategy, torch.cuda.is_available()) == "fsdp"
@@ -183,9 +236,34 @@ class PolicyWorker:
     # ------------------------------------------------------------- rollout
     @shard
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """Responses for this rank's prompts (n per prompt), with the engine's log-probs."""
-        with self.trainer.autocast():
-            return self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
+        """Responses for this rank's prompts (n per prompt), with the engine's log-probs.
+
+        The engine first gets the actor's current weights if they changed; a worker that trains
+        puts it to sleep afterwards (its KV cache and weights leave the device for the update).
+        """
+        self._wake_engine()
+        shares = getattr(self.engine, "shares_weights", False)  # only a shared module runs under our autocast
+        with self.trainer.autocast() if shares else contextlib.nullcontext():
+            out = self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
+        if self.objective is not None:
+            self.engine.sleep()
+            self._engine_stale = True  # after sleep the engine's weights are undefined (vLLM level 2)
+        return out
+
+    def _wake_engine(self) -> None:
+        """Weights first, then the KV cache: never old weights, new weights and a KV cache at once."""
+        if not self._engine_stale:
+            self.engine.wake_up()
+            return
+        self.engine.wake_up(["weights"])
+        actor = self.trainer.unwrapped()
+        if self.adapter is not None and not getattr(self.engine, "shares_weights", False):
+            from rlhf.workers.lora import merged
+
+            actor = merged(actor)  # the engine holds plain weights: W + alpha/r B A
+        self.engine.update_weights(named_weights(actor))  # a sharing engine consumes nothing
+        self.engine.wake_up(["kv_cache"])
+        self._engine_stale = False
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
@@ -252,6 +330,7 @@ class PolicyWorker:
         temperature = batch.meta.get("temperature", 1.0)
         entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
         unwrapped = self.trainer.unwrapped()
+        gap = RolloutGap(batch)
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
@@ -263,9 +342,12 @@ class PolicyWorker:
                                            num_tokens=num_tokens, num_seqs=num_seqs)
             mask = micro["response_mask"]
             metrics["actor/entropy"] = (entropy_metric * mask).sum() / mask.sum().clamp(min=1)
+            metrics.update(gap.from_micro_batch(log_probs, micro))
             return loss, metrics
 
         out = self.trainer.update(batch, micro_loss)
+        out.update(gap.result(self.trainer))
+        self._engine_stale = True
         out["timing_s/update_worker"] = time.perf_counter() - start
         if ref_seconds:
             out["timing_s/ref_in_update"] = ref_seconds
@@ -320,6 +402,7 @@ class PolicyWorker:
     @on_all_ranks
     def load_state(self, path: str) -> None:
         self.trainer.load_state(path)
+        self._engine_stale = True
 
     @on_all_ranks
     def weights_finite(self) -> bool:

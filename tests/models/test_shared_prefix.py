@@ -18,7 +18,7 @@ def rollout(n: int, prompts: int = 4, max_new_tokens: int = 6):
         {**arithmetic_rows(1, seed=1)[0], "prompt": [{"role": "user", "content": "a longer prompt: left padding"}]}
     ], tok)
     torch.manual_seed(0)
-    batch = HFEngine(model, tok).generate(data.collate(range(prompts + 1)), SamplingParams(n=n, max_new_tokens=max_new_tokens))
+    batch = HFEngine.sharing(model, tok).generate(data.collate(range(prompts + 1)), SamplingParams(n=n, max_new_tokens=max_new_tokens))
     return model, batch
 
 

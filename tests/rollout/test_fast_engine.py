@@ -24,7 +24,7 @@ TEXTS = ["What is 12+30?", "x", "a much longer prompt than the others, to force 
 def engines():
     path = tiny_model_path()
     model, tok = load_causal_lm(path).eval(), load_tokenizer(path)
-    return HFEngine(model, tok), HFEngine(model, tok, use_generate=True)
+    return HFEngine.sharing(model, tok), HFEngine.sharing(model, tok, use_generate=True)
 
 
 def prompts(tok, texts):
@@ -172,7 +172,7 @@ def test_lean_false_decodes_through_the_models_own_forward(engines, monkeypatch)
     import rlhf.rollout.decode as decode
 
     fast, _ = engines
-    plain = HFEngine(fast.model, fast.tokenizer, lean=False)
+    plain = HFEngine.sharing(fast.model, fast.tokenizer, lean=False)
     greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=6)
     expected = fast.generate(prompts(fast.tokenizer, TEXTS[:2]), greedy)
 

@@ -39,7 +39,7 @@ def bf16_engine(hidden_size: int, scale: float = 1.0) -> HFEngine:
         for p in model.parameters():
             if p.dim() > 1:
                 p.mul_(scale)
-    return HFEngine(model.to(DEVICE).eval(), load_tokenizer(path))
+    return HFEngine.sharing(model.to(DEVICE).eval(), load_tokenizer(path))
 
 
 @pytest.fixture(scope="module")
@@ -109,12 +109,12 @@ def test_the_check_cadence_and_chunks_do_not_change_cuda_outputs(engine, sharp_e
     for check_every in (1, 16):  # same kernels on the same shapes: the same numbers, cut at the same step
         torch.manual_seed(0)
         sharp = sharp_engine
-        outs.append(HFEngine(sharp.model, sharp.tokenizer, check_every=check_every).generate(batch, sampling))
+        outs.append(HFEngine.sharing(sharp.model, sharp.tokenizer, check_every=check_every).generate(batch, sampling))
     assert torch.equal(outs[0]["responses"], outs[1]["responses"])
     assert torch.equal(outs[0]["rollout_log_probs"], outs[1]["rollout_log_probs"])
     greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=NEW_TOKENS)
     whole = engine.generate(batch, greedy)
-    chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=4).generate(batch, greedy)
+    chunked = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=4).generate(batch, greedy)
     # chunks are trimmed to their own longest prompt: other shapes, other bf16 rounding, far from any tie
     assert torch.equal(chunked["responses"], whole["responses"])
     assert (chunked["rollout_log_probs"] - whole["rollout_log_probs"]).abs().max() < NEAR_TIE

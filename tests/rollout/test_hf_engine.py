@@ -14,7 +14,7 @@ from helpers import tiny_model_path
 @pytest.fixture(scope="module")
 def engine():
     path = tiny_model_path()
-    return HFEngine(load_causal_lm(path).eval(), load_tokenizer(path))
+    return HFEngine(path)
 
 
 def prompts(tok, texts):
@@ -116,7 +116,7 @@ def test_chunked_greedy_generation_equals_one_call(engine, eos_at_position_40, m
     batch = prompts(engine.tokenizer, TEXTS)
     greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=24)
     whole = engine.generate(batch, greedy)
-    chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=max_rows).generate(batch, greedy)
+    chunked = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=max_rows).generate(batch, greedy)
     lengths = whole["response_mask"].sum(dim=1)
     assert len(set(lengths.tolist())) >= 3  # rows end at different steps, so chunks differ in length
     assert list(chunked["uid"]) == list(whole["uid"])
@@ -129,7 +129,7 @@ def test_chunks_hold_whole_prompt_groups_and_at_most_max_rows(engine):
     rows = []
     handle = engine.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape), with_kwargs=True)
     try:
-        chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=7)
+        chunked = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=7)
         torch.manual_seed(0)
         out = chunked.generate(prompts(engine.tokenizer, TEXTS), SamplingParams(n=3, max_new_tokens=3))
     finally:
@@ -157,7 +157,7 @@ def test_the_kv_cache_holds_the_chunks_longest_prompt_plus_the_allowed_new_token
     lengths = batch["attention_mask"].sum(dim=1).tolist()  # 33, 20, 78, 27, 24 tokens
     greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
     whole = engine.generate(batch, greedy)
-    chunked = HFEngine(engine.model, engine.tokenizer, max_rows_per_call=4).generate(batch, greedy)
+    chunked = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=4).generate(batch, greedy)
     cfg = engine.model.config
     kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
     expected = [(10, kv, 78 + 5, d), (4, kv, max(lengths[:2]) + 5, d), (4, kv, max(lengths[2:4]) + 5, d),
@@ -169,4 +169,4 @@ def test_the_kv_cache_holds_the_chunks_longest_prompt_plus_the_allowed_new_token
 
 def test_max_rows_per_call_is_validated(engine):
     with pytest.raises(ValueError, match="max_rows_per_call"):
-        HFEngine(engine.model, engine.tokenizer, max_rows_per_call=0)
+        HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=0)

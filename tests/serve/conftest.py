@@ -1,16 +1,17 @@
-"""Fixtures for the server tests: the tiny model behind the HF serve engine, and running servers."""
+"""Fixtures for the server tests: the tiny model behind the transformers engine, and running servers."""
 
 import pytest
 from helpers import tiny_model_path
 
-from rlhf.serve import BackgroundServer, HFServeEngine, ServeLimits, build_app
+from rlhf.rollout import HFEngine
+from rlhf.serve import BackgroundServer, ServeLimits, build_app
 
 MODEL = "tiny"  # the name the servers serve the tiny model under (the tests spell it out too)
 
 
 @pytest.fixture(scope="session")
-def engine() -> HFServeEngine:
-    return HFServeEngine.from_pretrained(tiny_model_path())
+def engine() -> HFEngine:
+    return HFEngine(tiny_model_path())
 
 
 @pytest.fixture(scope="module")

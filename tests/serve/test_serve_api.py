@@ -81,7 +81,7 @@ def test_greedy_output_equals_the_hf_engines(client, engine):
     for q in questions:
         ids, mask = left_pad([chat_prompt_ids(tok, [{"role": "user", "content": q}])], tok.pad_token_id)
         prompt = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)})
-        out = engine.engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=12))
+        out = engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=12))
         n = int(out["response_mask"][0].sum())
         expected.append(tok.decode(out["responses"][0, :n], skip_special_tokens=True))
 
@@ -226,10 +226,11 @@ class SlowEngine:
     def __init__(self, engine, delay: float):
         self.inner, self.delay = engine, delay
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
+        self.pad_token_id, self.eos_token_ids = engine.pad_token_id, engine.eos_token_ids
 
     def generate(self, prompts, sampling, seed=None):
         time.sleep(self.delay)
-        return self.inner.generate(prompts, sampling, seed)
+        return self.inner.generate(prompts, sampling, seed=seed)
 
 
 def test_full_queue_answers_429_and_the_server_stays_up(engine):

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from rlhf.serve.completion import finish, token_pieces
-from rlhf.serve.engine import Generated
+from rlhf.serve.completion import Generated
 from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
 
 
@@ -16,11 +16,12 @@ class RecordingEngine:
     def __init__(self, engine, delay: float = 0.0):
         self.inner, self.delay, self.calls = engine, delay, []
         self.tokenizer, self.max_model_len = engine.tokenizer, engine.max_model_len
+        self.pad_token_id, self.eos_token_ids = engine.pad_token_id, engine.eos_token_ids
 
     def generate(self, prompts, sampling, seed=None):
         self.calls.append((len(prompts), sampling))
         time.sleep(self.delay)
-        return self.inner.generate(prompts, sampling, seed)
+        return self.inner.generate(prompts, sampling, seed=seed)
 
 
 def run(scheduler_kwargs, engine, body):

@@ -129,3 +129,26 @@ def test_shared_prefix_log_probs_and_update_equal_full_forwards():
     pa, pb = shared.parameters_digest(), full.parameters_digest()
     for k in pa:
         assert torch.allclose(pa[k], pb[k], atol=1e-6), k
+
+
+def test_the_trainer_engine_log_prob_gap_is_logged_every_update_and_is_rounding_with_a_shared_module():
+    """`rollout_corr/log_prob_abs_diff` (mean) and `..._max` come from the update's own log-probs
+    when on-policy, from old_log_probs otherwise; the HF engine shares the actor, so both are ~0,
+    while a batch whose rollout log-probs are off by 0.5 (a stale engine) shows exactly that."""
+    worker = grpo_worker()
+    batch = scored_rollout(worker)
+    metrics = worker.update(batch)
+    assert metrics["rollout_corr/log_prob_abs_diff"] < 1e-5 and metrics["rollout_corr/log_prob_abs_diff_max"] < 1e-4
+    stale = grpo_worker()
+    batch = scored_rollout(stale)
+    batch["rollout_log_probs"] = batch["rollout_log_probs"] - 0.5 * batch["response_mask"]
+    metrics = stale.update(batch)
+    assert metrics["rollout_corr/log_prob_abs_diff"] == pytest.approx(0.5, abs=1e-4)
+    assert metrics["rollout_corr/log_prob_abs_diff_max"] == pytest.approx(0.5, abs=1e-4)
+    off_policy = grpo_worker(mini_batches=2)
+    batch = scored_rollout(off_policy)
+    batch = batch.union(off_policy.compute_log_probs(batch))
+    batch["old_log_probs"] = batch["old_log_probs"] + 0.25 * batch["response_mask"]
+    metrics = off_policy.update(batch)
+    assert metrics["rollout_corr/log_prob_abs_diff"] == pytest.approx(0.25, abs=1e-4)
+    assert metrics["rollout_corr/log_prob_abs_diff_max"] == pytest.approx(0.25, abs=1e-4)

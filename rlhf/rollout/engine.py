@@ -1,0 +1,152 @@
+"""The one rollout-engine protocol, shared by the policy worker, `rlhf generate`/`eval` and `rlhf serve`.
+
+An engine is built from a model folder (`HFEngine(path)`, `VLLMEngine(path)`), not from a live
+module: every engine loads its own weights the same way, and the trainer's weights reach it
+through `update_weights`. The one exception is the transformers engine in the policy worker on
+one device, which shares the actor's module (`HFEngine.sharing`, see `for_policy`): its sync
+is free, so its `update_weights` does nothing.
+
+Lifecycle in the policy worker (the hybrid engine, docs/rollout_engines.md):
+    wake_up(["weights"]) -> update_weights(actor weights) -> wake_up(["kv_cache"]) -> generate -> sleep()
+After `sleep()` an engine's weights are undefined until the next `update_weights` (vLLM's level-2
+sleep discards them); engines that cannot sleep make `sleep`/`wake_up` no-ops.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from rlhf.batch import Batch
+from rlhf.rollout.sampling import SamplingParams, response_mask_from_eos
+
+NamedTensors = Iterable[tuple[str, torch.Tensor]]  # (Hugging Face parameter name, full tensor), streamed
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """Samples responses for a Batch of left-padded prompts; takes new weights; sleeps between rollouts."""
+
+    tokenizer: PreTrainedTokenizerBase
+    eos_token_ids: list[int]  # a response ends at the first of these (kept in the response)
+    pad_token_id: int
+    max_model_len: int  # prompt + response tokens the engine accepts
+
+    def generate(self, prompts: Batch, sampling: SamplingParams, seed: int | None = None) -> Batch:
+        """`sampling.n` responses per prompt row (rows of one prompt adjacent); see `rollout_batch` for the keys.
+
+        `seed`: the same seed gives the same responses whatever ran before (row i draws from its
+        own stream seeded from it where the engine can); None: the engine's own random state.
+        """
+        ...
+
+    def update_weights(self, weights: NamedTensors) -> None:
+        """Load new values for (some of) the model's parameters, by Hugging Face name, then drop
+        every cache computed with the old ones. `weights` is consumed lazily (bucket by bucket)."""
+        ...
+
+    def sleep(self) -> None:
+        """Free the engine's device memory (KV cache, weights) while the trainer runs."""
+        ...
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> None:
+        """Re-allocate what `sleep` freed: `["weights"]`, `["kv_cache"]`, or everything (None)."""
+        ...
+
+
+EngineFactory = Callable[..., RolloutEngine]  # called as factory(model_path, dtype=..., device=...)
+
+
+def for_policy(
+    factory: EngineFactory,
+    model_path: str,
+    actor: torch.nn.Module,
+    tokenizer: PreTrainedTokenizerBase,
+    dtype: str,
+    device: torch.device,
+) -> RolloutEngine:
+    """The policy worker's engine: an engine class that can share the actor's module in this
+    process (it defines `sharing(module, tokenizer, **options)`: HFEngine) shares it; any other
+    is built from `model_path` and gets the actor's weights through `update_weights`.
+
+    `factory` is the class or a `functools.partial` of it (what `fdl.Partial` builds to);
+    its keyword arguments are kept either way.
+    """
+    options = factory.keywords if isinstance(factory, functools.partial) else {}
+    cls = factory.func if isinstance(factory, functools.partial) else factory
+    sharing = getattr(cls, "sharing", None)
+    if sharing is not None:
+        return sharing(actor, tokenizer, **options)
+    return factory(model_path, dtype=dtype, device=device)
+
+
+def rollout_batch(
+    prompts: Batch, responses: torch.Tensor, log_probs: torch.Tensor, sampling: SamplingParams,
+    eos_token_ids: list[int], pad_token_id: int,
+) -> Batch:
+    """The Batch every engine returns, from its raw (B*n, R) responses and their log-probs.
+
+    Keys: `prompts` (B*n,P) the left-padded prompt ids; `responses` (B*n,R) cut after the first
+    EOS and padded with the pad token; `response_mask` (B*n,R) 1 up to and including that EOS;
+    `rollout_log_probs` (B*n,R) the engine's log-prob of each sampled token at
+    `sampling.logit_temperature` (0 on padding); `input_ids`, `attention_mask`, `position_ids`
+    over prompt + response; every other column of `prompts` repeated n times; meta `temperature`.
+    """
+    batch = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts.select(prompts.keys())
+    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+    response_mask = response_mask_from_eos(responses, eos_token_ids)
+    responses = responses.masked_fill(response_mask == 0, pad_token_id)
+    full_mask = torch.cat([attention_mask, response_mask], dim=1)
+    batch["prompts"] = input_ids
+    batch["responses"] = responses
+    batch["response_mask"] = response_mask
+    batch["rollout_log_probs"] = log_probs * response_mask
+    batch["input_ids"] = torch.cat([input_ids, responses], dim=1)
+    batch["attention_mask"] = full_mask
+    batch["position_ids"] = position_ids_from_mask(full_mask)
+    batch.meta["temperature"] = sampling.logit_temperature
+    return batch
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """Positions counted over real tokens only (left padding gets position 0)."""
+    return (torch.cumsum(attention_mask, dim=1) - 1).clamp(min=0)
+
+
+def prompt_token_lists(prompts: Batch) -> list[list[int]]:
+    """Each left-padded prompt row's real token ids (what a token-id engine such as vLLM takes)."""
+    ids, mask = prompts["input_ids"], prompts["attention_mask"].bool()
+    return [row[keep].tolist() for row, keep in zip(ids, mask)]
+
+
+def named_weights(module: torch.nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """The module's full parameters by Hugging Face name, one at a time.
+
+    An FSDP2-sharded tensor (DTensor) is gathered with `full_tensor()` just before it is
+    yielded, so only one full tensor beyond the shards exists at a time; every rank must
+    iterate (each gather is a collective). Tied weights come once, under their first name
+    (`model.embed_tokens.weight`, not `lm_head.weight`): vLLM's loader refuses a tied head's
+    name arriving without the embedding in the same call.
+    """
+    for name, tensor in module.named_parameters():
+        full = getattr(tensor, "full_tensor", None)
+        yield name, (full() if full is not None else tensor).detach()
+
+
+def buckets(weights: NamedTensors, bucket_bytes: int) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """Group a stream of named tensors into lists of about `bucket_bytes` (a bigger tensor goes alone)."""
+    bucket: list[tuple[str, torch.Tensor]] = []
+    size = 0
+    for name, tensor in weights:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+        bucket.append((name, tensor))
+        size += nbytes
+    if bucket:
+        yield bucket
