@@ -71,6 +71,7 @@ class _LogProbEntropy(torch.autograd.Function):
                 torch.sub(block_lse, p.mul_(zc).sum(-1), out=entropy[sl])
         ctx.save_for_backward(logits, labels, lse, entropy if entropy is not None else lse)
         ctx.inv_t, ctx.rows, ctx.with_entropy = inv_t, rows, with_entropy
+        ctx.set_materialize_grads(False)  # an unused (detached) entropy costs nothing in backward
         shape = labels.shape
         return log_probs.reshape(shape), (entropy.reshape(shape) if entropy is not None else None)
 
@@ -212,6 +213,7 @@ class _LinearLogProbEntropy(torch.autograd.Function):
                 torch.sub(block_lse, p.mul_(zc).sum(-1), out=entropy[sl])
         ctx.save_for_backward(hidden, weight, labels, lse, entropy if entropy is not None else lse)
         ctx.inv_t, ctx.rows, ctx.with_entropy, ctx.compute_dtype = inv_t, rows, with_entropy, compute_dtype
+        ctx.set_materialize_grads(False)
         shape = labels.shape
         return log_probs.reshape(shape), (entropy.reshape(shape) if entropy is not None else None)
 
