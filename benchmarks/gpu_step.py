@@ -413,7 +413,7 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-scale", type=int, default=16,
                    help="proxy: vocabulary and log-prob memory budget both divided by this (1: Qwen's 151,936). "
                         "Block rows = budget // vocab, so op counts and the temporary/logits ratio are the same; "
-                        "bf16 matmuls are ~50x slower than fp32 on a CPU without bf16 units, and 1 takes ~15 min")
+                        "bf16 matmuls are 7-40x slower than fp32 on a CPU without bf16 units; 1 took ~1 h here")
     p.add_argument("--shape", choices=sorted(SHAPES), default="qwen0.5b")
     p.add_argument("--steps", type=int, default=3, help="measured steps per framework (after one warm-up step)")
     p.add_argument("--frameworks", default="trl,rlhf,rlhf-shared,plain")
