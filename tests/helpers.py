@@ -47,8 +47,9 @@ def scored_rollout(worker, prompts=4, n=4, seed=0):
     return batch.union(worker.compute_ref_log_probs(batch))
 
 
-def group_plan(num_workers):
-    """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker)."""
+def group_plan(num_workers, **worker):
+    """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker);
+    `worker`: more PolicyWorker arguments."""
     from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
     from rlhf.runtime.plan import compile_graph
     from rlhf.workers.objectives import PolicyObjective
@@ -63,7 +64,7 @@ def group_plan(num_workers):
     return compile_graph(
         policy_group(
             num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3,
-            optimizer=fdl.Partial(torch.optim.SGD, lr=0.1),
+            optimizer=fdl.Partial(torch.optim.SGD, lr=0.1), **worker,
         )
     )
 

@@ -1,4 +1,8 @@
-"""One GRPO update with 2 Ray workers equals 1 worker on the same global batch."""
+"""One GRPO update with 2 Ray workers equals 1 worker on the same global batch.
+
+The 2 workers also cut their micro-batches by tokens (rows grouped by length, trimmed, the same
+number of micro-batches on every rank) after the batch was balanced over them by token count,
+while the 1 worker cuts rows: the update must not depend on either."""
 
 import pytest
 import torch
@@ -19,9 +23,10 @@ def test_two_workers_match_one_worker_after_an_update():
 
     ray_runtime = RayRuntime(num_cpus=2)
     try:
-        two = ray_runtime.start_groups(group_plan(2))["policy"]
+        two = ray_runtime.start_groups(group_plan(2, max_tokens_per_micro_batch=60))["policy"]
         metrics = two.update(batch)
         assert len(metrics) == 2
+        assert metrics[0]["actor/micro_batches"] == metrics[1]["actor/micro_batches"]  # FSDP-safe: same count
         rank0, rank1 = two.parameters_digest()
     finally:
         ray_runtime.shutdown()
