@@ -185,7 +185,7 @@ class ModelTrainer:
     def _clip_grad(self) -> torch.Tensor:
         if self.grad_clip is None:
             grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads))) if grads else torch.zeros(())
+            return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
         return self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
 
     # ------------------------------------------------------------ state I/O
