@@ -65,7 +65,7 @@ def test_rlhf_show_prints_each_value_with_where_it_was_set(capsys):
     where = lines_by_path(capsys.readouterr().out)
     assert where["stages['grpo'].total_steps"] == "command line: set:stages.grpo.total_steps=7"
     assert where["stages['grpo'].prompts_per_step"].startswith("fiddler:smoke (experiments/arithmetic_tiny.py:")
-    assert where["stages['sft'].batch_size"].startswith("experiments/arithmetic_tiny.py:")
+    assert where["stages['sft'].policy.worker.optimizer.lr"].startswith("experiments/arithmetic_tiny.py:")
     assert where["stages['grpo'].seed"] == "default"
 
 
@@ -105,7 +105,9 @@ def test_rlhf_diff_of_two_command_lines(capsys):
     assert "~ stages.grpo.total_steps: 250 -> 7" in out
     assert "~ stages.grpo.prompts_per_step: 64 -> 4" in out
     assert "~ stages.sft.evaluator.dataset.rows.n: 500 -> 32" in out
-    assert len([line for line in out.splitlines() if line.startswith("~")]) == 6
+    assert "~ stages.sft.total_steps: 250 -> 40" in out
+    # smoke's changes (7 data/step sizes, the SFT schedule, the partial-credit reward) and the set:
+    assert len([line for line in out.splitlines() if line.startswith("~")]) == 11
 
 
 def test_rlhf_viz_writes_svg_dot_and_the_plan(tmp_path, capsys, monkeypatch):

@@ -93,8 +93,8 @@ def install_kill_switch(kill_at: int, mode: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return path
 
-    def step_then_die(self, prompts, needs, n):
-        out = step(self, prompts, needs, n)
+    def step_then_die(self, prompts, needs, n, **kwargs):
+        out = step(self, prompts, needs, n, **kwargs)
         if mode == "mid_step" and n == kill_at + 1:
             os.kill(os.getpid(), signal.SIGKILL)
         return out
