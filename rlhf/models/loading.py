@@ -7,12 +7,14 @@ instead of failing inside a Ray worker minutes later.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import transformers
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -84,11 +86,49 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     return tok
 
 
-def load_causal_lm(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
-    """A causal LM in `dtype` ("float32", "bfloat16", "float16") with eager-safe attention on CPU."""
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(name_or_path), dtype=getattr(torch, dtype))
+@dataclasses.dataclass(frozen=True)
+class ModelSource:
+    """A model to build, with its weights (`load`) or as an empty module tree (`skeleton`, called
+    under the meta device). FSDP reads the weights on one rank and builds skeletons on the others
+    (rlhf.workers.fsdp.build_sharded)."""
+
+    load: Callable[[], torch.nn.Module]
+    skeleton: Callable[[], torch.nn.Module]
+
+    def wrapped(self, wrap: Callable[[torch.nn.Module], torch.nn.Module]) -> ModelSource:
+        """The same model passed through `wrap` (a LoRA adapter), with or without weights."""
+        return ModelSource(lambda: wrap(self.load()), lambda: wrap(self.skeleton()))
+
+
+def hf_model_source(
+    auto_class: type, name_or_path: str, dtype: str = "float32",
+    finish: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m, **config_kwargs,
+) -> ModelSource:
+    """A Hugging Face model folder (or hub id) as a `ModelSource` of `auto_class`
+    (AutoModelForCausalLM, AutoModelForTokenClassification...); `finish` runs on either result."""
+    path, torch_dtype = resolve_model_path(name_or_path), getattr(torch, dtype)
+
+    def load() -> torch.nn.Module:
+        return finish(auto_class.from_pretrained(path, dtype=torch_dtype, **config_kwargs))
+
+    def skeleton() -> torch.nn.Module:
+        return finish(auto_class.from_config(AutoConfig.from_pretrained(path, **config_kwargs), dtype=torch_dtype))
+
+    return ModelSource(load, skeleton)
+
+
+def _with_cache(model: torch.nn.Module) -> torch.nn.Module:
     model.config.use_cache = True
     return model
+
+
+def causal_lm_source(name_or_path: str, dtype: str = "float32") -> ModelSource:
+    return hf_model_source(AutoModelForCausalLM, name_or_path, dtype, finish=_with_cache)
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    """A causal LM in `dtype` ("float32", "bfloat16", "float16") with eager-safe attention on CPU."""
+    return causal_lm_source(name_or_path, dtype).load()
 
 
 def _preflight_path(arguments: dict) -> None:

@@ -16,20 +16,27 @@ from transformers import AutoModelForTokenClassification
 from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
-from rlhf.models.loading import resolve_model_path
-from rlhf.workers.accelerator import Strategy
+from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
+from rlhf.workers.fsdp import Strategy
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
 
 
-def load_value_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
-    model = AutoModelForTokenClassification.from_pretrained(
-        resolve_model_path(name_or_path), num_labels=1, dtype=getattr(torch, dtype)
-    )
+def _value_head_ready(model: torch.nn.Module) -> torch.nn.Module:
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     return model
+
+
+def value_model_source(name_or_path: str, dtype: str = "float32") -> ModelSource:
+    """A token-classification model with one label: a value per position."""
+    return hf_model_source(AutoModelForTokenClassification, name_or_path, dtype, finish=_value_head_ready,
+                           num_labels=1)
+
+
+def load_value_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    return value_model_source(name_or_path, dtype).load()
 
 
 def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
@@ -64,7 +71,7 @@ class CriticWorker:
         check_trainable_precision("CriticWorker", dtype, compute_dtype)
         self.value_loss = value_loss if value_loss is not None else ClippedValueLoss()
         self.trainer = ModelTrainer(
-            load_value_model(model_path, dtype),
+            value_model_source(model_path, dtype),
             optimizer,
             lr_scheduler,
             strategy=strategy,

@@ -20,15 +20,15 @@ from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_
 from rlhf.batch import Batch
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
-from rlhf.models.loading import load_causal_lm, load_tokenizer, resolve_model_path
+from rlhf.models.loading import causal_lm_source, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
 from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.accelerator import Strategy, resolve_strategy
+from rlhf.workers.fsdp import FSDP, Strategy, full_tensor
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
+from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, place_model
 
 
 def response_log_probs(
@@ -181,9 +181,9 @@ class PolicyWorker:
         self.objective = objective
         self.adapter = adapter
         self.tokenizer = load_tokenizer(model_path)
-        model = load_causal_lm(model_path, dtype)
+        source = causal_lm_source(model_path, dtype)
         self.trainer = ModelTrainer(
-            adapter(model) if adapter is not None else model,
+            source.wrapped(adapter) if adapter is not None else source,
             optimizer if objective is not None else None,
             lr_scheduler,
             strategy=strategy,
@@ -200,14 +200,15 @@ class PolicyWorker:
         torch.manual_seed(seed + self.trainer.rank)
         self.ref_model = None
         if ref_model_path is not None:
-            self.ref_model = load_causal_lm(ref_model_path, compute_dtype).to(self.trainer.device).eval()
-            self.ref_model.requires_grad_(False)
+            ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
+            self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype)
+            self.ref_model.eval().requires_grad_(False)
         self.engine = for_policy(engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
         self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
         # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
         # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
-        fsdp = resolve_strategy(strategy, torch.cuda.is_available()) == "fsdp"
+        fsdp = isinstance(self.trainer.strategy, FSDP)
         if shared_prefix is None:
             shared_prefix = not fsdp and not gradient_checkpointing
         elif shared_prefix and gradient_checkpointing:
@@ -411,4 +412,4 @@ class PolicyWorker:
     @on_all_ranks
     def parameters_digest(self) -> dict[str, torch.Tensor]:
         """A copy of the actor's parameters (tests compare ranks and runtimes with it)."""
-        return {k: v.detach().cpu().clone() for k, v in self.trainer.unwrapped().state_dict().items()}
+        return {k: full_tensor(v).detach().cpu().clone() for k, v in self.trainer.unwrapped().state_dict().items()}

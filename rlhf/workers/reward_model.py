@@ -22,20 +22,26 @@ from transformers import (
 from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
 from rlhf.data.tokenize import left_pad, position_ids
-from rlhf.models.loading import resolve_model_path
-from rlhf.workers.accelerator import Strategy
+from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
+from rlhf.workers.fsdp import Strategy
 from rlhf.workers.dispatch import shard
 from rlhf.workers.training import ModelTrainer
 
 
-def load_reward_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
-    """A one-label sequence-classification model in `dtype`, in eval mode, with a pad token id set."""
-    model = AutoModelForSequenceClassification.from_pretrained(
-        resolve_model_path(name_or_path), num_labels=1, dtype=getattr(torch, dtype)
-    )
+def _reward_head_ready(model: torch.nn.Module) -> torch.nn.Module:
     if model.config.pad_token_id is None:
         model.config.pad_token_id = model.config.eos_token_id
     return model.eval().requires_grad_(False)
+
+
+def reward_model_source(name_or_path: str, dtype: str = "float32") -> ModelSource:
+    """A one-label sequence-classification model in `dtype`, in eval mode, with a pad token id set."""
+    return hf_model_source(AutoModelForSequenceClassification, name_or_path, dtype, finish=_reward_head_ready,
+                           num_labels=1)
+
+
+def load_reward_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
+    return reward_model_source(name_or_path, dtype).load()
 
 
 def load_reward_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
@@ -79,7 +85,7 @@ class RewardModelWorker:
     ):
         self.tokenizer = load_reward_tokenizer(tokenizer_path or model_path)
         self.trainer = ModelTrainer(
-            load_reward_model(model_path, dtype), None, strategy=strategy, micro_batch_size=micro_batch_size,
+            reward_model_source(model_path, dtype), None, strategy=strategy, micro_batch_size=micro_batch_size,
             prefix="reward_model",
         )
         self.max_length = max_length

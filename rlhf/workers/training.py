@@ -1,9 +1,10 @@
 """`ModelTrainer`: one trained model on one data-parallel rank, and its update loop.
 
-Shared by the policy and the critic: Accelerate owns device placement and the DDP/FSDP
-wrapper; `update` runs `epochs x mini_batches` optimizer steps with micro-batch gradient
+Shared by the policy, the critic and the reward model: Accelerate owns processes, devices and
+the DDP wrapper; FSDP2 is applied here (rlhf.workers.fsdp), the same code on GPUs and CPUs.
+`update` runs `epochs x mini_batches` optimizer steps with micro-batch gradient
 accumulation. Every loss is normalised by the GLOBAL token and sequence counts of its
-mini-batch (summed over ranks) and multiplied by the world size, because DDP averages
+mini-batch (summed over ranks) and multiplied by the world size, because DDP and FSDP average
 gradients: the update then equals one process's update on the whole global batch.
 A step whose gradient norm is not finite is skipped, so NaN/Inf never reach the weights.
 Forwards run under the compute dtype's autocast (rlhf.workers.precision); the weights and
@@ -25,7 +26,9 @@ import numpy as np
 import torch
 
 from rlhf.batch import Batch
-from rlhf.workers.accelerator import Strategy, make_accelerator
+from rlhf.models.loading import ModelSource
+from rlhf.workers.accelerator import make_accelerator
+from rlhf.workers.fsdp import FSDP, Strategy, build_sharded, full_tensor, is_sharded, resolve_strategy, shard_model
 from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens
 from rlhf.workers.precision import DType, autocast, torch_dtype
 
@@ -41,10 +44,10 @@ class ModelTrainer:
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        optimizer: OptimizerFactory | None,  # None: the model is only evaluated
+        model: torch.nn.Module | ModelSource,  # a source lets FSDP read the weights on one rank only
+        optimizer: OptimizerFactory | None,  # None: the model is only evaluated (frozen)
         lr_scheduler: SchedulerFactory | None = None,
-        strategy: Strategy = "auto",
+        strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs; "fsdp" runs on CPUs too (gloo)
         micro_batch_size: int = 64,
         mini_batches: int = 1,
         epochs: int = 1,
@@ -55,9 +58,8 @@ class ModelTrainer:
         max_tokens_per_micro_batch: int | None = None,  # token budget (rows x longest row) per training micro-batch
         max_tokens_per_forward: int | None = None,  # the same for no-grad forwards; None: max_tokens_per_micro_batch
     ):
-        self.accelerator = make_accelerator(strategy)
-        self.rank = self.accelerator.process_index
-        self.world_size = self.accelerator.num_processes
+        self.accelerator = make_accelerator()
+        self.strategy = resolve_strategy(strategy, self.accelerator.device.type == "cuda")
         self.micro_batch_size = micro_batch_size
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.max_tokens_per_forward = max_tokens_per_forward or max_tokens_per_micro_batch
@@ -68,22 +70,22 @@ class ModelTrainer:
         self.compute_dtype = compute_dtype
         torch_dtype(compute_dtype, "compute_dtype")
         self.skipped_steps = 0
-        if gradient_checkpointing:  # transformers 5 renamed it activation checkpointing
-            if hasattr(model, "activation_checkpointing_enable"):
-                model.activation_checkpointing_enable({"use_reentrant": False})
-            elif hasattr(model, "gradient_checkpointing_enable"):
-                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                raise ValueError(f"gradient_checkpointing=True needs a Hugging Face model; got {type(model).__name__}")
-        if optimizer is not None:
-            trainable = [p for p in model.parameters() if p.requires_grad]  # frozen weights get no optimizer state
-            self.model, self.optimizer = self.accelerator.prepare(model, optimizer(trainable))
-            self.scheduler = lr_scheduler(self.optimizer) if lr_scheduler is not None else None
-            if self.scheduler is not None:  # saved by save_state; not prepared (that would step it per rank)
-                self.accelerator.register_for_checkpointing(self.scheduler)
+        self.model = place_model(model, self.strategy, self.accelerator.device, compute_dtype,
+                                 gradient_checkpointing=gradient_checkpointing and optimizer is not None)
+        self.rank = self.accelerator.process_index
+        self.world_size = self.accelerator.num_processes
+        self.optimizer = self.scheduler = None
+        if optimizer is None:
+            self.model.eval().requires_grad_(False)
+            return
+        trainable = [p for p in self.model.parameters() if p.requires_grad]  # frozen weights get no optimizer state
+        if isinstance(self.strategy, FSDP):  # sharded already; Accelerate only wraps the optimizer
+            self.optimizer = self.accelerator.prepare_optimizer(optimizer(trainable))
         else:
-            self.model = model.to(self.accelerator.device)
-            self.optimizer = self.scheduler = None
+            self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer(trainable))
+        self.scheduler = lr_scheduler(self.optimizer) if lr_scheduler is not None else None
+        if self.scheduler is not None:  # saved by save_state; not prepared (that would step it per rank)
+            self.accelerator.register_for_checkpointing(self.scheduler)
 
     @property
     def device(self) -> torch.device:
@@ -152,8 +154,7 @@ class ModelTrainer:
                 micros, over_budget = split.parts, over_budget + split.over_budget
                 for i, micro in enumerate(micros):
                     tokens = float(micro["response_mask"].sum())
-                    last = i == len(micros) - 1
-                    with contextlib.nullcontext() if last else self.accelerator.no_sync(self.model):
+                    with self._gradient_sync(last=i == len(micros) - 1):
                         with self.autocast():
                             loss, metrics = micro_loss(micro.to(self.device), num_tokens, num_seqs)
                         self.accelerator.backward(loss * self.world_size)
@@ -182,17 +183,37 @@ class ModelTrainer:
             out[f"{self.prefix}/rows_over_token_budget"] = float(over_budget)
         return out
 
+    def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
+        """DDP all-reduces only after the last micro-batch (its gradients are full replicas anyway).
+        FSDP reduce-scatters after every micro-batch, so each rank only ever holds its shard of the
+        gradients (`no_sync` there would keep full unsharded gradients: 28 GB for 7B in fp32)."""
+        if last or is_sharded(self.model):
+            return contextlib.nullcontext()
+        return self.accelerator.no_sync(self.model)
+
     def _clip_grad(self) -> torch.Tensor:
+        """The global gradient norm (clipped to `grad_clip` when set); under FSDP the norm of the
+        sharded gradients is reduced over ranks (`full_tensor`)."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
         if self.grad_clip is None:
-            grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-            return torch.nn.utils.get_total_norm(grads) if grads else torch.zeros(())
-        return self.accelerator.clip_grad_norm_(self.model.parameters(), self.grad_clip)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
+        else:
+            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+        return full_tensor(norm)
 
     # ------------------------------------------------------------ state I/O
+    def full_state_dict(self) -> dict[str, torch.Tensor]:
+        """Every weight, whole, on the host of rank 0 (an empty dict elsewhere); every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.unwrapped(), options=options)
+        return state if self.accelerator.is_main_process else {}
+
     def save_pretrained(self, path: str, tokenizer=None) -> str:
-        """A Hugging Face model folder (weights + tokenizer), written atomically by rank 0."""
+        """A Hugging Face model folder (weights + tokenizer), gathered to and written atomically by rank 0."""
         self.accelerator.wait_for_everyone()
-        state = self.accelerator.get_state_dict(self.model)
+        state = self.full_state_dict()
         if self.accelerator.is_main_process:
             atomic_write_dir(path, lambda tmp: _save_hf(self.unwrapped(), state, tokenizer, tmp))
         self.accelerator.wait_for_everyone()
@@ -206,7 +227,46 @@ class ModelTrainer:
         self.accelerator.load_state(path)
 
     def parameters_finite(self) -> bool:
-        return all(torch.isfinite(p).all() for p in self.unwrapped().parameters())
+        """Whether this rank's parameters (its shards under FSDP) are all finite."""
+        return all(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
+                   for p in self.unwrapped().parameters())
+
+
+def place_model(
+    model: torch.nn.Module | ModelSource, strategy: Strategy, device: torch.device, compute_dtype: DType,
+    gradient_checkpointing: bool = False,
+) -> torch.nn.Module:
+    """`model` on this rank as `strategy` wants it: sharded by FSDP2 (from a source, its weights
+    read by rank 0 only) or whole on the device (DDP wraps it later, with its optimizer).
+
+    Under FSDP the layers compute in `compute_dtype` after all-gather while the shards keep the
+    stored dtype (float32 masters for trained models) and gradients reduce in float32.
+    """
+    strategy = resolve_strategy(strategy, device.type == "cuda")
+
+    def prepare(module: torch.nn.Module) -> torch.nn.Module:
+        if gradient_checkpointing:
+            _enable_gradient_checkpointing(module)
+        if not isinstance(strategy, FSDP):
+            return module
+        stored = next(module.parameters()).dtype
+        compute = torch_dtype(compute_dtype, "compute_dtype")
+        return shard_model(module, strategy, device, param_dtype=None if compute == stored else compute)
+
+    if isinstance(strategy, FSDP) and isinstance(model, ModelSource):
+        return build_sharded(model.load, model.skeleton, prepare, device)
+    if isinstance(model, ModelSource):
+        model = model.load()
+    return prepare(model).to(device) if not isinstance(strategy, FSDP) else prepare(model)
+
+
+def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers 5 renamed it
+        model.activation_checkpointing_enable({"use_reentrant": False})
+    elif hasattr(model, "gradient_checkpointing_enable"):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        raise ValueError(f"gradient_checkpointing=True needs a Hugging Face model; got {type(model).__name__}")
 
 
 def _save_hf(model: torch.nn.Module, state: dict, tokenizer, folder: Path) -> None:
