@@ -35,3 +35,16 @@ def gin(cfg: fdl.Config[Experiment], path: str | None = None, text: str | None =
     from rlhf.config.gin_overrides import apply_gin
 
     apply_gin(cfg, path, text)
+
+
+def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> None:
+    """Shard every trained and frozen model with FSDP2 (also on CPUs, over gloo; with `workers(n=2)`
+    each of 2 ranks holds half of every model). The plan (`--print_plan`) shows the shard sizes."""
+    from rlhf.workers.critic import CriticWorker
+    from rlhf.workers.fsdp import FSDP
+    from rlhf.workers.policy import PolicyWorker
+    from rlhf.workers.reward_model import RewardModelWorker
+
+    strategy = "fsdp" if reshard_after_forward else fdl.Config(FSDP, reshard_after_forward=False)
+    for worker in (PolicyWorker, CriticWorker, RewardModelWorker):
+        selectors.select(cfg, worker, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do

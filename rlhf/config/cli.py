@@ -8,6 +8,7 @@ Fiddlers are looked up in the experiment module first, then in `rlhf_configs.com
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import signal
 import sys
@@ -92,7 +93,7 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
     from rlhf.config.sweeps import SweepError, sweep_from_cli
     from rlhf.config.validate import PreflightError
     from rlhf.runtime.experiment import run_experiment
-    from rlhf.runtime.plan import compile_graph
+    from rlhf.runtime.plan import compile_graph, plan_model_path
 
     args = _parser(os.path.basename(getattr(module, "__file__", "experiment"))).parse_args(argv)
     try:
@@ -114,9 +115,14 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
             report = validate(graph, stages, allow_changes=args.allow_changes)
         except PreflightError as err:
             sys.exit(f"error: {err}")
+        stage_models: dict[str, str] = {}  # stage -> the model it starts from (its output has that shape)
         for name, stage in graph.stages.items():
+            plan = compile_graph(stage)
+            resolve = functools.partial(plan_model_path, stage_models=stage_models)
             if stages is None or name in stages:
-                print(f"[{name}]\n{compile_graph(stage).describe()}\n")
+                print(f"[{name}]\n{plan.describe(resolve)}\n")
+            if "policy" in plan.groups and (path := resolve(plan.worker_arguments("policy")["model_path"])):
+                stage_models[name] = path
         if report.batches:
             print(batch_table(report.batches))
         return None

@@ -9,13 +9,14 @@ in a Ray actor is exactly what the Plan records.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import fiddle as fdl
 from fiddle import daglish
 
 from rlhf.config.graph_io import from_json, to_json
-from rlhf.runtime.remote import GroupRef, Remote
+from rlhf.runtime.remote import GroupRef, Remote, StageOutput
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,7 +46,9 @@ class Plan:
     driver: Any
     groups: dict[str, GroupSpec]
 
-    def describe(self) -> str:
+    def describe(self, resolve: Callable[[Any], Any] | None = None) -> str:
+        """What runs where; with `resolve` (a model path node -> a folder, or None when unknown),
+        workers that describe their placement add the strategy and parameter bytes per rank."""
         lines = [f"driver: {_callable_name(self.driver)}"]
         for g in self.groups.values():
             where = f", colocated with {g.colocate_with}" if g.colocate_with else ""
@@ -53,7 +56,32 @@ class Plan:
                 f"group {g.name}: {g.num_workers} x {g.worker_cls.__name__} "
                 f"(cpus {g.cpus_per_worker}, gpus {g.gpus_per_worker} per worker{where})"
             )
+            placement = getattr(g.worker_cls, "describe_placement", None)  # strategy and shard sizes
+            if placement is not None:
+                arguments = self.worker_arguments(g.name)
+                if resolve is not None:
+                    arguments = {k: resolve(v) if k.endswith("model_path") else v for k, v in arguments.items()}
+                lines.append(f"  {placement(arguments, g.num_workers, g.gpus_per_worker > 0)}")
         return "\n".join(lines)
+
+
+    def worker_arguments(self, group: str) -> dict[str, Any]:
+        """A group's worker arguments, defaults included (nodes stay unbuilt)."""
+        return fdl.ordered_arguments(from_json(self.groups[group].worker_json), include_defaults=True)
+
+
+def plan_model_path(value: Any, stage_models: dict[str, str]) -> str | None:
+    """A model path as far as it is known before a run: a string as given; an earlier stage's
+    output as that stage's input model (training keeps the architecture); a node that makes a
+    model folder (a tiny local model) built, as the run would; None otherwise."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, fdl.Buildable) and fdl.get_callable(value) is StageOutput:
+        return stage_models.get(value.stage)
+    if isinstance(value, fdl.Buildable):
+        built = fdl.build(value)
+        return built if isinstance(built, str) else None
+    return None
 
 
 def _callable_name(node: Any) -> str:

@@ -110,7 +110,10 @@ class RayRuntime:
         if ray.is_initialized():
             return  # someone else's connection: they shut it down
         needed = sum(g.cpus_per_worker * g.num_workers for g in plan.groups.values() if not g.colocate_with)
-        kwargs: dict[str, Any] = dict(address=self.address, include_dashboard=False, log_to_driver=True)
+        # address None means a new local cluster: Ray's own None joins any cluster already running
+        # on this machine (/tmp/ray/ray_current_cluster), e.g. another user's or another test's.
+        address = "local" if self.address is None else self.address
+        kwargs: dict[str, Any] = dict(address=address, include_dashboard=False, log_to_driver=True)
         if self.address is None:
             kwargs["num_cpus"] = self.num_cpus or max(os.cpu_count() or 1, int(needed + 0.999))
             kwargs["num_gpus"] = self.num_gpus

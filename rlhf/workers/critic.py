@@ -17,7 +17,7 @@ from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
-from rlhf.workers.fsdp import Strategy
+from rlhf.workers.fsdp import Strategy, describe_placement
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
@@ -86,6 +86,12 @@ class CriticWorker:
             prefix="critic",
         )
         torch.manual_seed(seed + self.trainer.rank)
+
+    @staticmethod
+    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
+        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
+        model = {"critic": lambda: value_model_source(arguments["model_path"], arguments["dtype"])}
+        return describe_placement(arguments["strategy"], on_gpu, world_size, model)
 
     @staticmethod
     def preflight(arguments: dict) -> None:

@@ -23,6 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rlhf.models.loading import ModelSource
+
 log = logging.getLogger(__name__)
 
 
@@ -146,6 +148,36 @@ def local_parameter_bytes(model: nn.Module) -> int:
         local = p.to_local() if hasattr(p, "to_local") else p
         total += local.numel() * local.element_size()
     return total
+
+
+def source_parameter_bytes(skeleton: Callable[[], nn.Module]) -> int:
+    """Bytes of a model's parameters, counted on a meta-device build (nothing is allocated or read)."""
+    with torch.device("meta"):
+        model = skeleton()
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def describe_placement(
+    strategy: Strategy, on_gpu: bool, world_size: int, models: dict[str, Callable[[], ModelSource]],
+) -> str:
+    """One line for a plan: the strategy, world size, and each model's parameter bytes per rank
+    (FSDP divides them over the ranks). `models`: name -> its source, built lazily: a model made by
+    an earlier stage does not exist yet when the plan is printed, and its size is then unknown."""
+    chosen = resolve_strategy(strategy, on_gpu)
+    sizes = []
+    for name, source in models.items():
+        try:
+            total = source_parameter_bytes(source().skeleton)
+        except (OSError, TypeError, ValueError):  # a path unknown before the run (None), or not written yet
+            sizes.append(f"{name} size known when the stage starts")
+            continue
+        per_rank = total / world_size if isinstance(chosen, FSDP) else total
+        sizes.append(f"{name} {_mb(per_rank)} per rank of {_mb(total)}")
+    return f"strategy {strategy_name(chosen)}, world size {world_size}: " + ", ".join(sizes)
+
+
+def _mb(n: float) -> str:
+    return f"{n / 2**20:.3f} MB" if n < 2**30 else f"{n / 2**30:.2f} GB"
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

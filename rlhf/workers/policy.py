@@ -25,7 +25,9 @@ from rlhf.models.shared_prefix import response_logits
 from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.fsdp import FSDP, Strategy, full_tensor
+from rlhf.workers.fsdp import (
+    FSDP, Strategy, describe_placement, full_tensor, local_parameter_bytes, strategy_name,
+)
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, place_model
@@ -222,6 +224,21 @@ class PolicyWorker:
                              f"{type(self.trainer.unwrapped()).__name__} has another. Set fused_lm_head=None or False.")
         self.fused_lm_head = head_fusable and (self.trainer.device.type == "cuda" if fused_lm_head is None
                                                else fused_lm_head)
+        self._log_placement()
+
+    @staticmethod
+    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
+        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
+        models = {"actor": lambda: causal_lm_source(arguments["model_path"], arguments["dtype"])}
+        if arguments.get("ref_model_path") is not None:
+            models["reference"] = lambda: causal_lm_source(arguments["ref_model_path"], arguments["compute_dtype"])
+        return describe_placement(arguments["strategy"], on_gpu, world_size, models)
+
+    def _log_placement(self) -> None:
+        """Each rank says what it holds (under FSDP: its shards)."""
+        held = ", ".join(f"{k} {b / 2**20:.3f} MB" for k, b in self.parameter_bytes().items())
+        print(f"[policy rank {self.trainer.rank}/{self.trainer.world_size}] strategy "
+              f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}", flush=True)
 
     @staticmethod
     def preflight(arguments: dict) -> None:
@@ -404,6 +421,12 @@ class PolicyWorker:
     def load_state(self, path: str) -> None:
         self.trainer.load_state(path)
         self._engine_stale = True
+
+    @on_all_ranks
+    def parameter_bytes(self) -> dict[str, int]:
+        """Bytes of parameters this rank holds, per model (under FSDP: its shards)."""
+        models = {"actor": self.trainer.model} | ({"reference": self.ref_model} if self.ref_model is not None else {})
+        return {name: local_parameter_bytes(model) for name, model in models.items()}
 
     @on_all_ranks
     def weights_finite(self) -> bool:

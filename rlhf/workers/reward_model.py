@@ -23,7 +23,7 @@ from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
 from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
-from rlhf.workers.fsdp import Strategy
+from rlhf.workers.fsdp import Strategy, describe_placement
 from rlhf.workers.dispatch import shard
 from rlhf.workers.training import ModelTrainer
 
@@ -89,6 +89,12 @@ class RewardModelWorker:
             prefix="reward_model",
         )
         self.max_length = max_length
+
+    @staticmethod
+    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
+        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
+        model = {"reward model": lambda: reward_model_source(arguments["model_path"], arguments["dtype"])}
+        return describe_placement(arguments["strategy"], on_gpu, world_size, model)
 
     @staticmethod
     def preflight(arguments: dict) -> None:
