@@ -32,3 +32,23 @@ def test_bf16_log_probs_on_cuda_match_a_float32_forward():
     mask = batch["response_mask"].bool()
     assert got.dtype == torch.float32
     torch.testing.assert_close(got[mask], want[mask], atol=0.05, rtol=0.05)  # bf16 matmuls: ~3 significant digits
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "cpu_offload"])
+def test_fsdp_on_cuda_keeps_fp32_shards_and_equals_ddp(strategy):
+    """FSDP2 on NCCL (world size 1) with bf16 compute: fp32 sharded masters on the GPU (or in
+    host RAM with CPU offload), the update equal to DDP's within bf16 tolerance."""
+    from rlhf.workers.fsdp import FSDP
+
+    fsdp = FSDP(cpu_offload=True) if strategy == "cpu_offload" else "fsdp"
+    sgd = lambda p: torch.optim.SGD(p, lr=0.1)  # noqa: E731
+    ddp = grpo_worker(strategy="ddp", compute_dtype="bfloat16", optimizer=sgd)
+    batch = scored_rollout(ddp)
+    sharded = grpo_worker(strategy=fsdp, compute_dtype="bfloat16", optimizer=sgd)
+    want_device = "cpu" if strategy == "cpu_offload" else "cuda"
+    assert all(p.dtype == torch.float32 and p.to_local().device.type == want_device
+               for p in sharded.trainer.model.parameters())
+    ddp.update(batch)
+    sharded.update(batch)
+    a, b = ddp.parameters_digest(), sharded.parameters_digest()
+    assert max(float((a[k] - b[k]).abs().max()) for k in a) < 1e-2
