@@ -187,7 +187,7 @@ class RLTrainer:
         elif (needs["old_log_probs"] or correcting) and not bypass or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
-        if needs["ref"] or self.kl_in_reward is not None:
+        if needs["ref_log_probs"] or self.kl_in_reward is not None:
             with timed(timing, "ref"):
                 batch = batch.union(self.policy.compute_ref_log_probs(batch))
         correction_metrics = self._correct_rollout(batch) if correcting else {}

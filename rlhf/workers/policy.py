@@ -355,7 +355,8 @@ class PolicyWorker:
 
     @on_all_ranks
     def requirements(self) -> dict[str, bool]:
-        """What the driver must compute before `update`: old log-probs, reference log-probs.
+        """The columns the driver must add before `update`, keyed by their Batch names:
+        `old_log_probs`, `ref_log_probs`.
 
         Old log-probs are skipped when provably on-policy (one epoch, one mini-batch): the
         update then uses the current log-probs, detached, as the old ones. Reference
@@ -365,7 +366,7 @@ class PolicyWorker:
         them itself (a KL penalty in the reward) calls `compute_ref_log_probs`.
         """
         off_policy = self.trainer.epochs > 1 or self.trainer.mini_batches > 1
-        return {"old_log_probs": self.objective is not None and off_policy, "ref": False}
+        return {"old_log_probs": self.objective is not None and off_policy, "ref_log_probs": False}
 
     # ------------------------------------------------------------ state I/O
     @on_all_ranks
