@@ -89,6 +89,7 @@ class RLTrainer:
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
+        reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
         problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
                                   dynamic_sampling=dynamic_sampling is not None)
         if problems:
