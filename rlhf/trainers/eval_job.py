@@ -29,10 +29,9 @@ import json
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from decimal import Decimal
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
