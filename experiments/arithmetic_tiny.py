@@ -100,6 +100,7 @@ def base() -> fdl.Config[Experiment]:
         ),
         data=fdl.Config(SFTDataset, rows=train_rows, tokenizer=tokenizer),
         batch_size=128,
+        bucketed=False,  # random batches, as this recipe has always trained (its results stay comparable)
         total_steps=250,  # stops well short of 100% so RL has room
         evaluator=heldout_evaluator(tokenizer, reward),
     )
@@ -204,8 +205,9 @@ def dapo(cfg: fdl.Config[Experiment]) -> None:
     objective.policy_loss = fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28, aggregate=token_mean)
     objective.kl_loss = None
     rl.dynamic_sampling = fdl.Partial(DynamicSamplingAccumulator, max_attempts=3)
-    # its own copy of the reward: validation keeps scoring exact matches without the length penalty
-    rl.reward = fdl.copy_with(rl.reward, overlong_buffer_len=4, max_response_length=rl.sampling.max_new_tokens)
+    # its own copy of the reward: validation keeps scoring exact matches without the length penalty;
+    # the ramp ends at the generation limit, which each rollout brings from rl.sampling.max_new_tokens
+    rl.reward = fdl.copy_with(rl.reward, overlong_buffer_len=4)
 
 
 # ------------------------------------------------------------------- policy losses

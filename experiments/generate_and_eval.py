@@ -45,7 +45,7 @@ def base(model: str | None = None, n: int = 8) -> fdl.Config[Experiment]:
             name="heldout",
         ),
         sampling=fdl.Config(SamplingParams, n=n, temperature=1.0, max_new_tokens=8),
-        batch_size=50,
+        prompts_per_call=50,
     )
     evaluation = fdl.Config(
         EvalJob,

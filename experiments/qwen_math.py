@@ -19,14 +19,12 @@ import sys
 
 import fiddle as fdl
 
-from rlhf.rewards.math import math_score
+from rlhf.rewards.math import MATH_SOURCES, math_score
 from rlhf.runtime.experiment import Experiment
 from rlhf_configs.gsm8k import make_tiny
 from rlhf_configs.tasks import grpo_experiment, grpo_stage, math_like_rows
 
 NAME = "qwen_math"
-MATH_SOURCES = ("DigitalLearningGmbH/MATH-lighteval", "lighteval/MATH", "HuggingFaceH4/MATH-500")
-"""The data_source names verl's MATH preprocessing scripts write; all scored by `math_score`."""
 
 
 def base(model: str = "Qwen/Qwen2.5-0.5B-Instruct", data_dir: str = "~/data/math") -> fdl.Config[Experiment]:

@@ -25,6 +25,16 @@ def _as_object_array(values: Any) -> np.ndarray:
     return out
 
 
+ROLLOUT_META = {
+    "temperature": "the rollout engine (SamplingParams.logit_temperature: the temperature log-probs are "
+    "computed at; 1.0 for greedy decoding), and by SFTDataset (1.0: the data's likelihood)",
+    "max_new_tokens": "the rollout engine (SamplingParams.max_new_tokens: the generation limit, read by "
+    "overlong shaping and seq_mean_token_sum_norm)",
+}
+"""Batch-level facts every rollout engine records in `meta` (rlhf.rollout.engine.rollout_batch), and where
+they come from: readers get them with `Batch.require_meta`, never with a default."""
+
+
 @dataclasses.dataclass
 class Batch:
     """Rows of samples: `tensors` (shared first dim), `non_tensors` (object arrays), `meta`."""
@@ -74,6 +84,20 @@ class Batch:
 
     def keys(self) -> list[str]:
         return [*self.tensors, *self.non_tensors]
+
+    def require_meta(self, key: str, reader: str) -> Any:
+        """`meta[key]` for `reader`, or a KeyError naming what is missing and who sets it.
+
+        No default: a batch-level fact such as the sampling temperature silently replaced by a
+        guess changes log-probs without any error (see `ROLLOUT_META` for the keys engines set).
+        """
+        if key not in self.meta:
+            setter = ROLLOUT_META.get(key, "whoever builds the batch")
+            raise KeyError(
+                f"{reader} needs batch.meta[{key!r}], which this batch lacks (meta keys: {sorted(self.meta)}). "
+                f"It is set by {setter}; a batch built by hand must set it itself."
+            )
+        return self.meta[key]
 
     # ------------------------------------------------------------ row algebra
     def index(self, rows: torch.Tensor | np.ndarray | Sequence[int] | slice) -> Batch:

@@ -43,7 +43,7 @@ def generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens,
                            max_prompt_length=max_prompt_length, name="generate"),
         sampling=fdl.Config(SamplingParams, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
         output=out,
-        batch_size=batch_size,
+        prompts_per_call=batch_size,  # the command line's --batch-size
         parent_run=parent_run,
     )
 

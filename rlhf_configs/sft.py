@@ -38,7 +38,7 @@ def sft_stage(
     model, data, val=None, *, steps: int = 500, batch_size: int = 64, micro_batch_size: int = 8, lr: float = 1e-5,
     warmup_steps: int = 10, max_length: int = 1024, response_key: str | None = None, accuracy: bool = False,
     max_new_tokens: int = 512, test_freq: int = 50, save_freq: int = 0, workers: int = 1, gpus_per_worker: float = 0,
-    compute_dtype: str = "float32", bucketed: bool = True,
+    compute_dtype: str = "float32",
 ) -> fdl.Config[SFTTrainer]:
     """An SFT stage: AdamW + cosine schedule with warmup, gradient accumulation over micro-batches,
     length-bucketed batches, `val/sft_loss` on `val` and (accuracy=True) greedy exact match on it."""
@@ -80,7 +80,6 @@ def sft_stage(
         total_steps=steps,
         test_freq=test_freq,
         save_freq=save_freq,
-        bucketed=bucketed,
     )
 
 
@@ -136,8 +135,10 @@ def main(argv: Sequence[str]) -> int:
         steps=a.steps, batch_size=a.batch_size, micro_batch_size=a.micro_batch_size, lr=a.lr,
         warmup_steps=a.warmup_steps, max_length=a.max_length, response_key=a.response_key, accuracy=a.accuracy,
         max_new_tokens=a.max_new_tokens, test_freq=a.test_freq, save_freq=a.save_freq, workers=a.workers,
-        gpus_per_worker=a.gpus_per_worker, compute_dtype=a.compute_dtype, bucketed=not a.no_bucketing,
+        gpus_per_worker=a.gpus_per_worker, compute_dtype=a.compute_dtype,
     )
+    if a.no_bucketing:  # SFTTrainer.bucketed (default True) is the one default
+        graph.stages["sft"].bucketed = False
     from rlhf.config.validate import PreflightError
     from rlhf.runtime.experiment import run_experiment
 

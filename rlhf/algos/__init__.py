@@ -21,7 +21,6 @@ from rlhf.algos.advantages import (
 )
 from rlhf.algos.aggregation import (
     Aggregation,
-    SeqMeanTokenSumNorm,
     count_seqs,
     count_tokens,
     seq_mean_token_mean,
@@ -101,7 +100,6 @@ __all__ = [
     "seq_mean_token_sum",
     "seq_mean_token_mean",
     "seq_mean_token_sum_norm",
-    "SeqMeanTokenSumNorm",
     "count_tokens",
     "count_seqs",
     # policy losses

@@ -31,6 +31,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
+from rlhf.algos.frozen import Frozen
 from rlhf.algos.groups import Groups, group_by
 from rlhf.algos.masked import as_bool, count, masked_sum, masked_whiten
 from rlhf.algos.scan import Packing, masked_reverse_discounted_cumsum, reverse_discounted_cumsum
@@ -83,7 +84,7 @@ def _groups(inputs: AdvantageInputs, estimator: str) -> Groups:
     return group_by(_require(inputs.group_ids, "group_ids", estimator))
 
 
-class GAE:
+class GAE(Frozen):
     """Generalized Advantage Estimation (Schulman et al. 2016, arXiv:1506.02438):
 
         delta_t = r_t + gamma V_{t+1} - V_t          (V after the last token = 0)
@@ -125,7 +126,7 @@ class GAE:
         return f"GAE(gamma={self.gamma}, lam={self.lam}, whiten={self.whiten})"
 
 
-class GRPO:
+class GRPO(Frozen):
     """Group Relative Policy Optimization outcome advantage (Shao et al. 2024, arXiv:2402.03300):
 
         A_i = (score_i - mean_G(score)) / (std_G(score) + eps)      broadcast over y_i
@@ -158,7 +159,7 @@ class GRPO:
         return f"GRPO(norm_by_std={self.norm_by_std}, eps={self.eps})"
 
 
-class GRPOPassK:
+class GRPOPassK(Frozen):
     """Pass@k advantage (Chen et al. 2025, arXiv:2503.19595, as in verl's grpo_passk): only
     the best sample of each group gets credit,
 
@@ -196,7 +197,7 @@ class GRPOPassK:
         return f"GRPOPassK(norm_by_std={self.norm_by_std}, eps={self.eps})"
 
 
-class RLOO:
+class RLOO(Frozen):
     """REINFORCE Leave-One-Out (Ahmadian et al. 2024, arXiv:2402.14740; Kool et al. 2019):
 
         A_i = score_i - (sum_{j in G, j != i} score_j) / (n - 1) = n / (n - 1) (score_i - mean_G)
@@ -221,7 +222,7 @@ class RLOO:
         return "RLOO()"
 
 
-class OPO:
+class OPO(Frozen):
     """On-Policy RL with Optimal reward baseline (Hao et al. 2025, arXiv:2505.23585): a
     length-weighted group baseline, the variance-minimising one for sequence-level rewards,
 
@@ -248,7 +249,7 @@ class OPO:
         return "OPO()"
 
 
-class GPG:
+class GPG(Frozen):
     """Group Policy Gradient advantage (Chu et al. 2025, arXiv:2504.02546):
 
         A_i = alpha (score_i - mean_G(score)) / f_norm,     alpha = B / (B - M)
@@ -284,7 +285,7 @@ class GPG:
         return f"GPG(f_norm={self.f_norm}, rescale={self.rescale})"
 
 
-class ReinforcePlusPlus:
+class ReinforcePlusPlus(Frozen):
     """REINFORCE++ (Hu 2025, arXiv:2501.03262): discounted reward-to-go, whitened over the batch.
 
         R_t = sum_{k >= t} gamma^{k - t} r_k   (valid tokens only; mask-0 positions skipped)
@@ -308,7 +309,7 @@ class ReinforcePlusPlus:
         return f"ReinforcePlusPlus(gamma={self.gamma})"
 
 
-class ReinforcePlusPlusBaseline:
+class ReinforcePlusPlusBaseline(Frozen):
     """REINFORCE++ with a group baseline (Hu 2025, arXiv:2501.03262, "REINFORCE++-baseline"):
 
         A_i = whiten_batch( score_i - mean_G(score) )      broadcast over y_i
@@ -333,7 +334,7 @@ class ReinforcePlusPlusBaseline:
         return "ReinforcePlusPlusBaseline()"
 
 
-class ReMax:
+class ReMax(Frozen):
     """ReMax (Li et al. 2023, arXiv:2310.10505): the reward of the greedy response as baseline.
 
         R_t = sum_{k >= t} r_k (valid tokens),    A_t = R_t - b_i
@@ -355,7 +356,7 @@ class ReMax:
         return "ReMax()"
 
 
-class OptimalTokenBaseline:
+class OptimalTokenBaseline(Frozen):
     """Optimal token baseline, OTB (Li et al., arXiv:2602.07078; verl `optimal_token_baseline`):
     a per-token, per-group baseline weighted by the gradient energy accumulated so far.
 

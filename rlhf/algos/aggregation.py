@@ -2,7 +2,7 @@
 
 Every aggregation has the signature
 
-    fn(loss_mat (B, T), mask (B, T), *, num_tokens=None, num_seqs=None) -> scalar Tensor
+    fn(loss_mat (B, T), mask (B, T), *, num_tokens=None, num_seqs=None, max_new_tokens=None) -> scalar Tensor
 
 mask: nonzero = the token counts in the loss; zero = padding or a token excluded from
 training (tool output, rejected sample). `num_tokens` / `num_seqs` are the GLOBAL counts
@@ -12,7 +12,8 @@ over the whole optimisation batch (all data-parallel ranks and all micro-batches
     num_seqs   = #{sequences with >= 1 valid token}   (see `count_seqs`)
 
 When they are None the local counts of `mask` are used, i.e. the part is treated as the
-whole batch. With the global counts, every aggregation is a sum of per-row terms divided
+whole batch. `max_new_tokens` is the generation limit (`SamplingParams.max_new_tokens`, which
+the policy worker reads from the batch's meta); only `seq_mean_token_sum_norm` uses it. With the global counts, every aggregation is a sum of per-row terms divided
 by a batch constant, so
 
     sum over parts of fn(part, num_tokens=N, num_seqs=S) == fn(full batch)
@@ -37,10 +38,16 @@ from rlhf.algos.masked import as_bool, count, masked_sum
 
 
 class Aggregation(Protocol):
-    """fn(loss_mat (B, T), mask (B, T), *, num_tokens, num_seqs) -> scalar Tensor."""
+    """fn(loss_mat (B, T), mask (B, T), *, num_tokens, num_seqs, max_new_tokens) -> scalar Tensor."""
 
     def __call__(
-        self, loss_mat: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_seqs: float | None = None
+        self,
+        loss_mat: Tensor,
+        mask: Tensor,
+        *,
+        num_tokens: float | None = None,
+        num_seqs: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> Tensor: ...
 
 
@@ -60,7 +67,12 @@ def _denominator(count: float | Tensor | None, local: Tensor, like: Tensor) -> T
 
 
 def token_mean(
-    loss_mat: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_seqs: float | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_new_tokens: int | None = None,
 ) -> Tensor:
     """L = (1 / N_tok) sum_{i,t} m_it l_it: every token weighs the same (DAPO, arXiv:2503.14476).
 
@@ -71,7 +83,12 @@ def token_mean(
 
 
 def seq_mean_token_sum(
-    loss_mat: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_seqs: float | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_new_tokens: int | None = None,
 ) -> Tensor:
     """L = (1 / N_seq) sum_i sum_t m_it l_it: per-sequence sums, averaged over sequences.
 
@@ -82,7 +99,12 @@ def seq_mean_token_sum(
 
 
 def seq_mean_token_mean(
-    loss_mat: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_seqs: float | None = None
+    loss_mat: Tensor,
+    mask: Tensor,
+    *,
+    num_tokens: float | None = None,
+    num_seqs: float | None = None,
+    max_new_tokens: int | None = None,
 ) -> Tensor:
     """L = (1 / N_seq) sum_i [ sum_t m_it l_it / sum_t m_it ]: the original GRPO objective
     (Shao et al. 2024, arXiv:2402.03300); each sequence weighs the same whatever its length.
@@ -101,38 +123,19 @@ def seq_mean_token_sum_norm(
     *,
     num_tokens: float | None = None,
     num_seqs: float | None = None,
-    max_response_length: int | None = None,
+    max_new_tokens: int | None = None,
 ) -> Tensor:
     """L = (1 / (N_seq * L_max)) sum_i sum_t m_it l_it: Dr.GRPO's constant normaliser
     (Liu et al. 2025, "Understanding R1-Zero-Like Training", arXiv:2503.20783).
 
     Removes GRPO's length bias: the per-token weight does not depend on the response length.
-    max_response_length: the constant L_max; None uses T = loss_mat.shape[-1] (verl's
-        default), which is only shard-invariant when every part is padded to the same T.
-        Prefer `SeqMeanTokenSumNorm(max_response_length)` in a graph.
+    max_new_tokens: L_max, the generation limit. The policy worker passes the batch's own
+        (`SamplingParams.max_new_tokens`, recorded by the rollout engine), so it is set once, in
+        the sampling. None uses T = loss_mat.shape[-1] (verl's default; verl pads responses to
+        its limit, so T is L_max there), which is only shard-invariant when every part has one T.
     """
+    if max_new_tokens is not None and max_new_tokens <= 0:
+        raise ValueError(f"seq_mean_token_sum_norm: max_new_tokens must be positive, got {max_new_tokens}")
     total = masked_sum(loss_mat, mask)
-    norm = loss_mat.shape[-1] if max_response_length is None else max_response_length
+    norm = loss_mat.shape[-1] if max_new_tokens is None else max_new_tokens
     return total / _denominator(num_seqs, count_seqs(mask), total) / norm
-
-
-class SeqMeanTokenSumNorm:
-    """`seq_mean_token_sum_norm` with the constant L_max fixed at construction.
-
-    Graph node: `aggregate=fdl.Config(SeqMeanTokenSumNorm, max_response_length=1024)`.
-    """
-
-    def __init__(self, max_response_length: int):
-        if max_response_length <= 0:
-            raise ValueError(f"max_response_length must be positive, got {max_response_length}")
-        self.max_response_length = max_response_length
-
-    def __call__(
-        self, loss_mat: Tensor, mask: Tensor, *, num_tokens: float | None = None, num_seqs: float | None = None
-    ) -> Tensor:
-        return seq_mean_token_sum_norm(
-            loss_mat, mask, num_tokens=num_tokens, num_seqs=num_seqs, max_response_length=self.max_response_length
-        )
-
-    def __repr__(self) -> str:
-        return f"SeqMeanTokenSumNorm(max_response_length={self.max_response_length})"

@@ -18,24 +18,27 @@ from rlhf.algos.groups import group_by
 
 def overlong_penalty(
     response_lengths: Tensor,
-    max_response_length: int,
+    max_new_tokens: int,
     overlong_buffer_len: int,
     penalty_factor: float = 1.0,
 ) -> Tensor:
     """DAPO soft overlong punishment, added to the sequence reward:
 
-        L_exp = max_response_length - overlong_buffer_len
+        L_exp = max_new_tokens - overlong_buffer_len
         R_len = -penalty_factor * clip((|y| - L_exp) / overlong_buffer_len, 0, 1)
 
-    i.e. 0 up to L_exp tokens, then linear down to -penalty_factor at max_response_length
+    i.e. 0 up to L_exp tokens, then linear down to -penalty_factor at max_new_tokens
     (and beyond: truncated responses get the full penalty).
-    response_lengths: (B,) number of response tokens. max_response_length: the generation
-    limit. overlong_buffer_len: width of the linear ramp (DAPO: 4096 of 20480).
-    penalty_factor: the penalty at the limit. Returns (B,) float32, <= 0.
+    response_lengths: (B,) number of response tokens. max_new_tokens: the generation limit
+    (DAPO's L_max, verl's `data.max_response_length`). overlong_buffer_len: width of the
+    linear ramp (DAPO: 4096 of 20480). penalty_factor: the penalty at the limit.
+    Returns (B,) float32, <= 0.
     """
-    if overlong_buffer_len <= 0 or overlong_buffer_len > max_response_length:
-        raise ValueError(f"need 0 < overlong_buffer_len <= max_response_length, got {overlong_buffer_len}")
-    expected = max_response_length - overlong_buffer_len
+    if overlong_buffer_len <= 0 or overlong_buffer_len > max_new_tokens:
+        raise ValueError(
+            f"need 0 < overlong_buffer_len <= max_new_tokens={max_new_tokens}, got {overlong_buffer_len}"
+        )
+    expected = max_new_tokens - overlong_buffer_len
     excess = (response_lengths.to(torch.float32) - expected) / overlong_buffer_len
     return -penalty_factor * excess.clamp(0.0, 1.0)
 

@@ -92,7 +92,7 @@ class KLLoss:
     coef: weight beta of the term (GRPO uses 0.04; verl's default 0.001).
     aggregate: aggregation function (see `aggregation`).
     Called (log_probs (B,T), ref_log_probs (B,T), response_mask (B,T), *, num_tokens,
-    num_seqs) -> (loss including coef, {"kl_loss": aggregated KL without coef, "kl_coef"}).
+    num_seqs, max_new_tokens) -> (loss including coef, {"kl_loss": aggregated KL without coef, "kl_coef"}).
     """
 
     def __init__(self, estimator: KLEstimator = kl_k3, coef: float = 0.001, aggregate: Aggregation = token_mean):
@@ -108,9 +108,11 @@ class KLLoss:
         *,
         num_tokens: float | None = None,
         num_seqs: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         kl = self.estimator(log_probs, ref_log_probs)
-        kl_agg = self.aggregate(kl, response_mask, num_tokens=num_tokens, num_seqs=num_seqs)
+        kl_agg = self.aggregate(kl, response_mask, num_tokens=num_tokens, num_seqs=num_seqs,
+                                max_new_tokens=max_new_tokens)
         loss = self.coef * kl_agg
         metrics = {
             "kl_loss": kl_agg.detach(),

@@ -3,13 +3,14 @@
 Notation: B batch, T response tokens. Every loss object is called
 
     loss_obj(log_probs, old_log_probs, advantages, response_mask, *,
-             num_tokens=None, num_seqs=None, rollout_is_weights=None) -> (loss, metrics)
+             num_tokens=None, num_seqs=None, max_new_tokens=None, rollout_is_weights=None) -> (loss, metrics)
 
 log_probs: (B, T) log pi_theta(y_t) of the policy being trained (carries the gradient).
 old_log_probs: (B, T) log pi_old(y_t) of the policy that sampled (no gradient).
 advantages: (B, T) A_t (no gradient).
 response_mask: (B, T) nonzero = token is trained on; zero = padding / tool output / rejected.
 num_tokens, num_seqs: global counts for the aggregation (see `aggregation`).
+max_new_tokens: the generation limit, for `seq_mean_token_sum_norm` (see `aggregation`).
 rollout_is_weights: optional (B, T) rollout-correction weights (see `rollout_correction`),
     multiplied into the per-token loss, never differentiated.
 
@@ -35,6 +36,7 @@ import torch
 from torch import Tensor
 
 from rlhf.algos.aggregation import Aggregation, seq_mean_token_mean, token_mean
+from rlhf.algos.frozen import Frozen
 from rlhf.algos.masked import as_bool, count, masked_mean
 
 LOG_RATIO_CLAMP = 20.0  # exp(20) ~ 5e8: bounds every importance ratio before it is exponentiated
@@ -48,8 +50,8 @@ def _frac(flag: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(flag.to(torch.float32), mask).detach()
 
 
-class PolicyLoss:
-    """Base class: subclasses implement `token_loss` and set `self.aggregate`."""
+class PolicyLoss(Frozen):
+    """Base class: subclasses implement `token_loss` and set `self.aggregate` (attributes are set once: `Frozen`)."""
 
     aggregate: Aggregation
 
@@ -72,6 +74,7 @@ class PolicyLoss:
         *,
         num_tokens: float | None = None,
         num_seqs: float | None = None,
+        max_new_tokens: int | None = None,
         rollout_is_weights: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         old_log_probs = old_log_probs.detach()
@@ -79,7 +82,8 @@ class PolicyLoss:
         loss_mat, metrics = self.token_loss(log_probs, old_log_probs, advantages, response_mask)
         if rollout_is_weights is not None:
             loss_mat = self.weigh(loss_mat, rollout_is_weights, response_mask)
-        loss = self.aggregate(loss_mat, response_mask, num_tokens=num_tokens, num_seqs=num_seqs)
+        loss = self.aggregate(loss_mat, response_mask, num_tokens=num_tokens, num_seqs=num_seqs,
+                              max_new_tokens=max_new_tokens)
         ppo_kl = masked_mean(old_log_probs - log_probs.detach(), response_mask)
         return loss, {"pg_loss": loss.detach(), **metrics, "ppo_kl": ppo_kl}
 

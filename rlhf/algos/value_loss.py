@@ -39,6 +39,7 @@ class ClippedValueLoss:
         *,
         num_tokens: float | None = None,
         num_seqs: float | None = None,
+        max_new_tokens: int | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
         old_values = old_values.detach()
         returns = returns.detach()
@@ -55,7 +56,8 @@ class ClippedValueLoss:
             clipped = (v_clip - returns).square()
             is_clipped = clipped > unclipped
             loss_mat = torch.where(is_clipped, clipped, unclipped)
-        loss = 0.5 * self.aggregate(loss_mat, response_mask, num_tokens=num_tokens, num_seqs=num_seqs)
+        loss = 0.5 * self.aggregate(loss_mat, response_mask, num_tokens=num_tokens, num_seqs=num_seqs,
+                                    max_new_tokens=max_new_tokens)
         clipfrac = masked_mean(is_clipped.to(torch.float32), response_mask)
         return loss, {"vf_loss": loss.detach(), "vf_clipfrac": clipfrac.detach()}
 

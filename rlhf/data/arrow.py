@@ -26,6 +26,7 @@ from typing import Any, Literal
 import datasets
 import numpy as np
 
+from rlhf.choices import check_choice
 from rlhf.data.files import (
     MAX_REASONS,
     ReadReport,
@@ -44,6 +45,7 @@ PARALLEL_FROM_ROWS = 50_000
 """`num_proc=None` maps with one process per available core from this many rows (below, forking costs more)."""
 
 RowKind = Literal["prompt", "sft"]
+OnError = Literal["raise", "skip"]  # a bad row stops the read, or is dropped and counted
 """prompt: every row must follow verl's prompt schema; sft: chat rows with `messages` pass unchecked
 (SFTDataset checks them) and the others must follow the prompt schema."""
 
@@ -190,15 +192,15 @@ def validate_dataset(
     *,
     source: str,
     kind: RowKind = "prompt",
-    on_error: Literal["raise", "skip"] = "raise",
+    on_error: OnError = "raise",
     jsonl: bool = False,
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
 ) -> tuple[datasets.Dataset, ReadReport]:
     """A validated dataset (`row`, `data_source`) from a raw one (verl columns, or a `text` column of
     JSON lines with `jsonl`): bad rows stop it (`on_error="raise"`) or are dropped and reported."""
-    if on_error not in ("raise", "skip"):
-        raise ValueError(f'on_error must be "raise" or "skip", got {on_error!r}')
+    check_choice("validate_dataset: on_error", on_error, OnError)
+    check_choice("validate_dataset: kind", kind, RowKind)
     key = cache_key("rows", raw._fingerprint, kind, jsonl)
     mapped = cached_map(
         raw, _validate_batch, name="rows", key=key, cache_dir=cache_dir, num_proc=num_proc,
@@ -320,7 +322,7 @@ def load_file(
     path: str | Path,
     *,
     kind: RowKind = "prompt",
-    on_error: Literal["raise", "skip"] = "raise",
+    on_error: OnError = "raise",
     cache_dir: str | Path | None = None,
     num_proc: int | None = None,
 ) -> tuple[datasets.Dataset, ReadReport]:

@@ -289,15 +289,17 @@ class SFTDataset:
                 "position_ids": position_ids(mask),
                 "responses": responses,
                 "response_mask": response_mask,
-            }
+            },
+            meta={"temperature": 1.0},  # the log-likelihood of the data under the model itself
         )
 
     def shuffled(
-        self, batch_size: int, seed: int, start_step: int = 0, bucketed: bool = False
+        self, batch_size: int, seed: int, start_step: int = 0, *, bucketed: bool
     ) -> Iterator[Batch]:
         """Endless full batches, reshuffled each epoch from `seed`; resumable at `start_step`.
 
-        bucketed: batches of similar lengths (see `length_bucketed_batches`) to cut padding.
+        bucketed: batches of similar lengths (see `length_bucketed_batches`) to cut padding; no default
+          here: the trainer's (`SFTTrainer.bucketed`) is the one.
         """
         if bucketed:
             order = length_bucketed_batches(self.lengths, batch_size, seed, start_step)

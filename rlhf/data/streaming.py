@@ -20,14 +20,15 @@ import json
 import warnings
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Literal
 
 import datasets
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
-from rlhf.data.arrow import BAD, BLANK, OK, RowKind, builder_for, canonical_json, normalize_row
+from rlhf.choices import check_choice
+from rlhf.data.arrow import BAD, BLANK, OK, OnError, RowKind, builder_for, canonical_json, normalize_row
 from rlhf.data.files import _check_readable, parse_jsonl_line
+from rlhf.data.prompts import Overlong, _check_settings
 from rlhf.data.schema import DataError
 from rlhf.data.tokenize import chat_prompt_ids_batch
 
@@ -53,11 +54,13 @@ def _validate_example(
 
 
 def stream_file(
-    path: str | Path, *, on_error: Literal["raise", "skip"] = "raise", kind: RowKind = "prompt", check: bool = False
+    path: str | Path, *, on_error: OnError = "raise", kind: RowKind = "prompt", check: bool = False
 ) -> datasets.IterableDataset:
     """A parquet or JSON Lines file as a lazily validated `IterableDataset` (`row`, `data_source`, `index`,
     `status`). Rows are numbered by their position in the file (for JSON Lines: line - 1, blank lines
     included). check: read up to the first row now, so an empty or unreadable file fails here."""
+    check_choice("stream_file: on_error", on_error, OnError)
+    check_choice("stream_file: kind", kind, RowKind)
     file = Path(path).expanduser()
     _check_readable(file)
     source = str(path)
@@ -108,14 +111,12 @@ class StreamingPromptDataset:
         rows: datasets.IterableDataset,
         tokenizer: PreTrainedTokenizerBase,
         max_prompt_length: int = 512,  # in tokens, after the chat template
-        overlong: str = "filter",  # as PromptDataset
+        overlong: Overlong = "filter",  # as PromptDataset
         name: str = "prompts",  # shown in errors and metrics
         raw_prompt: bool = False,  # as PromptDataset
         shuffle_buffer: int = 10_000,  # rows in the shuffle buffer (more: better mixing, more memory)
         chunk: int = 256,  # rows templated and tokenised per call
     ):
-        from rlhf.data.prompts import _check_settings
-
         _check_settings(max_prompt_length, overlong)
         if not isinstance(rows, datasets.IterableDataset):
             raise TypeError(f"StreamingPromptDataset: rows must be a datasets.IterableDataset (load_rows(path, "
@@ -137,8 +138,6 @@ class StreamingPromptDataset:
     @staticmethod
     def preflight(arguments: dict) -> None:
         """Before any stage runs: the settings (the stream itself is checked by `load_rows`' hook)."""
-        from rlhf.data.prompts import _check_settings
-
         _check_settings(arguments.get("max_prompt_length", 512), arguments.get("overlong", "filter"))
 
     # ----------------------------------------------------------- lineage

@@ -5,15 +5,15 @@ options are bound with `functools.partial` (or `fdl.Partial` in a graph), never 
 `RewardManager` scores in-process or in a pool of worker processes with timeouts, takes
 batched scorers (`Batched`) and DAPO overlong shaping; `CombinedReward` sums weighted rewards;
 `code_score` runs a response's program against test cases in a sandbox (`rlhf.rewards.sandbox`).
+`RULES` (rlhf.rewards.registry) is the one table of each data_source's scorer and maj@k answer
+extractor; `default_scorers()` and `default_extractors()` read it.
 """
 
-from collections.abc import Callable
-
-from rlhf.rewards.arithmetic import digit_match_score, exact_match_score
+from rlhf.rewards.arithmetic import arithmetic_answer, digit_match_score, exact_match_score
 from rlhf.rewards.code import code_score
 from rlhf.rewards.combined import CombinedReward
 from rlhf.rewards.countdown import countdown_score
-from rlhf.rewards.gsm8k import gsm8k_flexible, gsm8k_score, gsm8k_strict
+from rlhf.rewards.gsm8k import gsm8k_answer, gsm8k_flexible, gsm8k_score, gsm8k_strict
 from rlhf.rewards.manager import (
     Batched,
     Reward,
@@ -22,32 +22,21 @@ from rlhf.rewards.manager import (
     ScorerError,
     UnknownDataSourceError,
 )
-from rlhf.rewards.math import is_equivalent, last_boxed, math_score
+from rlhf.rewards.math import is_equivalent, last_boxed, math_answer, math_score
 from rlhf.rewards.pool import WorkerPoolError
+from rlhf.rewards.registry import EXTRACTORS, RULES, SCORERS, SourceRules, default_extractors, default_scorers
 from rlhf.rewards.sandbox import SandboxError
 
 
-def default_scorers() -> dict[str, Callable[..., float]]:
-    """The scorer for each data_source our generators and verl's preprocessing scripts write.
-
-    A fresh dict each call: copy, extend or override it and pass it to `RewardManager`.
-    """
-    return {
-        "arithmetic": exact_match_score,
-        "countdown": countdown_score,
-        "openai/gsm8k": gsm8k_score,
-        "lighteval/MATH": math_score,
-        "DigitalLearningGmbH/MATH-lighteval": math_score,
-        "HuggingFaceH4/MATH-500": math_score,
-        # verl's "prime code" sources: stdin/stdout test cases, run in the code sandbox
-        "codecontests": code_score,
-        "apps": code_score,
-        "codeforces": code_score,
-        "taco": code_score,
-    }
-
-
 __all__ = [
+    "EXTRACTORS",
+    "RULES",
+    "SCORERS",
+    "SourceRules",
+    "arithmetic_answer",
+    "default_extractors",
+    "gsm8k_answer",
+    "math_answer",
     "Batched",
     "CombinedReward",
     "Reward",

@@ -47,6 +47,12 @@ def digit_match_score(
     return same / longest
 
 
+def arithmetic_answer(text: str) -> str | None:
+    """The answer `exact_match_score` compares, for majority voting (maj@k): the response without
+    whitespace and trailing end-of-turn markers; None when nothing is left."""
+    return _answer(text, END_MARKERS) or None
+
+
 def _answer(solution_str: str, end_markers: tuple[str, ...]) -> str:
     """The response without surrounding whitespace and trailing end markers."""
     text = solution_str.strip()

@@ -50,6 +50,13 @@ class CombinedReward:
         for _, reward in self.sources.values():
             reward.check_sources(data_sources)
 
+    def check_generation_limit(self, max_new_tokens: int) -> None:
+        """Every source that shapes by length must fit the generation limit (see RewardManager)."""
+        for _, reward in self.sources.values():
+            check = getattr(reward, "check_generation_limit", None)
+            if check is not None:
+                check(max_new_tokens)
+
     def __call__(
         self,
         responses: Sequence[str],
@@ -58,12 +65,16 @@ class CombinedReward:
         extra_infos: Sequence[dict | None],
         *,
         response_lengths: Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
     ) -> RewardOutput:
         """The weighted sum of the sources' scores, with each source's part in extras and metrics."""
         scores = [0.0] * len(responses)
         extras: dict[str, list] = {}
         metrics: dict[str, float] = {}
+        # passed on only when given, so a source written without overlong shaping needs neither keyword
         options = {} if response_lengths is None else {"response_lengths": response_lengths}
+        if max_new_tokens is not None:
+            options["max_new_tokens"] = max_new_tokens
         for name, (weight, reward) in self.sources.items():
             out = reward(responses, data_sources, ground_truths, extra_infos, **options)
             if len(out.scores) != len(responses):

@@ -9,7 +9,9 @@ Numbers are compared as decimals, so "72" == "72.0" but "72" != "72.5".
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
+from types import MappingProxyType
 from typing import Literal
 
 # A number: optional minus (not the one in "3-4"), digits with optional thousands
@@ -31,7 +33,18 @@ def extract_flexible(text: str) -> str | None:
     return found[-1] if found else None
 
 
-_EXTRACTORS = {"strict": extract_strict, "flexible": extract_flexible}
+Method = Literal["strict", "flexible"]
+EXTRACTORS: Mapping[str, Callable[[str], "str | None"]] = MappingProxyType(
+    {"strict": extract_strict, "flexible": extract_flexible}
+)
+"""The number-extraction rule of each `method`, the one table `gsm8k_score` and `gsm8k_answer` read."""
+
+
+def extractor(method: Method) -> Callable[[str], "str | None"]:
+    """The extraction rule named `method`; a ValueError naming the allowed methods otherwise."""
+    if method not in EXTRACTORS:
+        raise ValueError(f"GSM8K: method must be one of {sorted(EXTRACTORS)}, got {method!r}")
+    return EXTRACTORS[method]
 
 
 def to_decimal(number: str) -> Decimal | None:
@@ -49,7 +62,7 @@ def gsm8k_score(
     ground_truth: str,
     extra_info: dict | None = None,
     *,
-    method: Literal["strict", "flexible"] = "strict",
+    method: Method = "strict",
     format_score: float = 0.0,
     score: float = 1.0,
 ) -> float:
@@ -61,10 +74,7 @@ def gsm8k_score(
     format_score: reward for a well-formed but wrong answer (verl's default 0).
     score: reward for a correct answer.
     """
-    extract = _EXTRACTORS.get(method)
-    if extract is None:
-        raise ValueError(f'gsm8k_score: method must be "strict" or "flexible", got {method!r}')
-    answer = extract(solution_str)
+    answer = extractor(method)(solution_str)
     if answer is None:
         return 0.0
     expected = to_decimal(str(ground_truth))
@@ -84,3 +94,10 @@ def gsm8k_strict(solution_str: str, ground_truth: str, extra_info: dict | None =
 def gsm8k_flexible(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
     """`gsm8k_score` with method="flexible" and verl's default rewards."""
     return gsm8k_score(solution_str, ground_truth, extra_info, method="flexible")
+
+
+def gsm8k_answer(text: str, method: Method = "strict") -> Decimal | None:
+    """The GSM8K final number as a Decimal, for majority voting (maj@k: "1,234" and "1234.0" vote
+    together), read by the same rule as `gsm8k_score` with the same `method`."""
+    found = extractor(method)(text)
+    return to_decimal(found) if found is not None else None

@@ -34,9 +34,11 @@ when `timeout_s` is set) the rows that ran out of time.
     -factor * (L - (Lmax - Lbuf)) / Lbuf   if Lmax - Lbuf < L <= Lmax
     -factor                                if L > Lmax
 
-with Lmax = `max_response_length`, Lbuf = `overlong_buffer_len`, factor =
+with Lmax = `max_new_tokens`, Lbuf = `overlong_buffer_len`, factor =
 `overlong_penalty_factor` (verl's `reward_model.overlong_buffer`; verl does not clip
-above Lmax, which generation never exceeds). Lengths come from `response_lengths`.
+above Lmax, which generation never exceeds). Lengths come from `response_lengths`; Lmax is
+the generation limit of the responses being scored, given with them (`max_new_tokens`, which
+the trainers read from the rollout batch: it is set once, in `SamplingParams.max_new_tokens`).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ class Reward(Protocol):
 
     def check_sources(self, data_sources: Iterable[str]) -> None: ...
 
+    def check_generation_limit(self, max_new_tokens: int) -> None: ...
+
     def __call__(
         self,
         responses: Sequence[str],
@@ -91,6 +95,7 @@ class Reward(Protocol):
         extra_infos: Sequence[dict | None],
         *,
         response_lengths: Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
     ) -> RewardOutput: ...
 
 
@@ -151,7 +156,6 @@ class RewardManager:
         chunk_size: int | None = None,
         overlong_buffer_len: int | None = None,
         overlong_penalty_factor: float = 1.0,
-        max_response_length: int | None = None,
     ) -> None:
         """
         scorers: data_source -> scorer function (see `rlhf.rewards.default_scorers()`).
@@ -161,9 +165,9 @@ class RewardManager:
         num_workers: 0 scores in this process, one row after another; N > 0 in N worker processes.
         timeout_s: the longest one row may take (needs num_workers > 0); None waits forever.
         chunk_size: rows per message to a worker; None splits each call into ~4 chunks per worker.
-        overlong_buffer_len: DAPO's Lbuf in tokens; None disables overlong shaping.
-        overlong_penalty_factor: the penalty at max_response_length (DAPO and verl use 1.0).
-        max_response_length: DAPO's Lmax, the generation limit in tokens (needed by the shaping).
+        overlong_buffer_len: DAPO's Lbuf in tokens; None disables overlong shaping. Lmax, the
+          generation limit, comes with each call (`max_new_tokens`), never from here.
+        overlong_penalty_factor: the penalty at the generation limit (DAPO and verl use 1.0).
         """
         for name, scorer in scorers.items():
             if not callable(scorer):
@@ -179,17 +183,8 @@ class RewardManager:
             )
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"RewardManager: chunk_size must be >= 1 or None, got {chunk_size!r}")
-        if overlong_buffer_len is not None:
-            if max_response_length is None:
-                raise ValueError(
-                    "RewardManager: overlong_buffer_len needs max_response_length (the generation limit "
-                    "in tokens). Fix: pass max_response_length=<sampling max_new_tokens>."
-                )
-            if not 0 < overlong_buffer_len <= max_response_length:
-                raise ValueError(
-                    f"RewardManager: overlong_buffer_len must be in 1..max_response_length="
-                    f"{max_response_length}, got {overlong_buffer_len}"
-                )
+        if overlong_buffer_len is not None and overlong_buffer_len < 1:
+            raise ValueError(f"RewardManager: overlong_buffer_len must be >= 1 or None, got {overlong_buffer_len!r}")
         self.scorers = dict(scorers)
         self.strict = strict
         self.fallback_score = float(fallback_score)
@@ -198,7 +193,6 @@ class RewardManager:
         self.chunk_size = chunk_size
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = float(overlong_penalty_factor)
-        self.max_response_length = max_response_length
         self._pooled = {name: s for name, s in self.scorers.items() if not is_batched(s)}
         if num_workers:
             _check_picklable(self._pooled)
@@ -216,6 +210,16 @@ class RewardManager:
                 f"{unknown[0]!r}: my_score}}), or correct the rows' data_source."
             )
 
+    def check_generation_limit(self, max_new_tokens: int) -> None:
+        """Raise ValueError if overlong shaping cannot work with responses cut at `max_new_tokens`
+        (trainers call it at construction with their `SamplingParams.max_new_tokens`)."""
+        if self.overlong_buffer_len is not None and self.overlong_buffer_len > max_new_tokens:
+            raise ValueError(
+                f"RewardManager: overlong_buffer_len={self.overlong_buffer_len} is longer than the generation "
+                f"limit SamplingParams.max_new_tokens={max_new_tokens}; the buffer must fit in 1..max_new_tokens. "
+                "Fix: lower overlong_buffer_len or raise max_new_tokens."
+            )
+
     def __call__(
         self,
         responses: Sequence[str],
@@ -224,10 +228,13 @@ class RewardManager:
         extra_infos: Sequence[dict | None],
         *,
         response_lengths: Sequence[int] | None = None,
+        max_new_tokens: int | None = None,
     ) -> RewardOutput:
         """Score every response; all sequences are per row and of equal length.
 
         response_lengths: (B,) response lengths in tokens; needed by overlong shaping only.
+        max_new_tokens: the generation limit the responses were cut at (`SamplingParams.max_new_tokens`,
+          in a rollout batch's meta); needed by overlong shaping only.
         """
         lengths = {
             "responses": len(responses),
@@ -244,6 +251,14 @@ class RewardManager:
                 "RewardManager: overlong shaping (overlong_buffer_len) needs response_lengths, the "
                 "number of tokens of each response. Fix: pass response_lengths=response_mask.sum(-1).tolist()."
             )
+        if self.overlong_buffer_len is not None:
+            if max_new_tokens is None:
+                raise ValueError(
+                    "RewardManager: overlong shaping (overlong_buffer_len) needs max_new_tokens, the generation "
+                    "limit the responses were cut at. Fix: pass max_new_tokens=batch.meta['max_new_tokens'] (every "
+                    "rollout batch records its SamplingParams.max_new_tokens there)."
+                )
+            self.check_generation_limit(max_new_tokens)
         self.check_sources(data_sources)
 
         outcomes, causes = self._outcomes(responses, data_sources, ground_truths, extra_infos)
@@ -283,7 +298,7 @@ class RewardManager:
 
             penalties = overlong_penalty(  # the one implementation, rlhf.algos.dapo
                 torch.tensor([int(n) for n in response_lengths]),  # type: ignore[union-attr]
-                max_response_length=self.max_response_length,  # type: ignore[arg-type]
+                max_new_tokens=max_new_tokens,  # type: ignore[arg-type]
                 overlong_buffer_len=self.overlong_buffer_len,
                 penalty_factor=self.overlong_penalty_factor,
             ).tolist()
@@ -384,7 +399,7 @@ class RewardManager:
     def __repr__(self) -> str:
         parallel = f", num_workers={self.num_workers}, timeout_s={self.timeout_s}" if self.num_workers else ""
         overlong = (
-            f", overlong_buffer_len={self.overlong_buffer_len}, max_response_length={self.max_response_length}"
+            f", overlong_buffer_len={self.overlong_buffer_len}, overlong_penalty_factor={self.overlong_penalty_factor}"
             if self.overlong_buffer_len is not None else ""
         )
         return (

@@ -12,6 +12,9 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+MATH_SOURCES = ("lighteval/MATH", "DigitalLearningGmbH/MATH-lighteval", "HuggingFaceH4/MATH-500")
+"""The data_source names verl's MATH preprocessing scripts write; all scored by `math_score`."""
+
 
 def last_boxed(text: str) -> str | None:
     """Content of the last \\boxed{...} (or \\fbox{...}, or "\\boxed 5"), braces balanced."""
@@ -151,3 +154,9 @@ def math_score(solution_str: str, ground_truth: str, extra_info: dict | None = N
             "Fix: store the bare answer, as verl's MATH preprocessing does."
         )
     return 1.0 if is_equivalent(answer, reference) else 0.0
+
+
+def math_answer(text: str) -> str | None:
+    """The last \\boxed{...} answer normalised as `math_score` normalises it, for majority voting (maj@k)."""
+    boxed = last_boxed(text)
+    return normalize(boxed) if boxed is not None else None

@@ -94,7 +94,8 @@ def rollout_batch(
     EOS and padded with the pad token; `response_mask` (B*n,R) 1 up to and including that EOS;
     `rollout_log_probs` (B*n,R) the engine's log-prob of each sampled token at
     `sampling.logit_temperature` (0 on padding); `input_ids`, `attention_mask`, `position_ids`
-    over prompt + response; every other column of `prompts` repeated n times; meta `temperature`.
+    over prompt + response; every other column of `prompts` repeated n times; meta `temperature`
+    (`sampling.logit_temperature`) and `max_new_tokens` (the generation limit), see `rlhf.batch.ROLLOUT_META`.
     """
     batch = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts.select(prompts.keys())
     input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
@@ -109,6 +110,7 @@ def rollout_batch(
     batch["attention_mask"] = full_mask
     batch["position_ids"] = position_ids_from_mask(full_mask)
     batch.meta["temperature"] = sampling.logit_temperature
+    batch.meta["max_new_tokens"] = sampling.max_new_tokens
     return batch
 
 

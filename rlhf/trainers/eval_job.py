@@ -29,64 +29,22 @@ import json
 import os
 import warnings
 from collections import defaultdict
-from collections.abc import Callable, Hashable, Mapping, Sequence
-from decimal import Decimal
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from rlhf.data.files import fingerprint_rows, read_rows
 from rlhf.data.schema import ground_truth
-from rlhf.rewards.arithmetic import END_MARKERS
-from rlhf.rewards.gsm8k import extract_flexible, extract_strict, to_decimal
 from rlhf.rewards.manager import Reward
-from rlhf.rewards.math import last_boxed, normalize
+from rlhf.rewards.registry import EXTRACTORS, Extractor
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.eval_metrics import best_at_k, bootstrap_ci, maj_at_k, mean_at_n, pass_at_k
 from rlhf.trainers.generate import GenerationStage
 
-Extractor = Callable[[str], "Hashable | None"]
 RESULTS_FILE = "eval_results.json"
 PLOT_FILE = "accuracy_vs_k.png"
-
-
-# ------------------------------------------------------------------ answer extractors (maj@k)
-
-
-def arithmetic_answer(text: str) -> str | None:
-    """The response itself, stripped of whitespace and trailing end-of-turn markers (what the
-    arithmetic exact-match scorer compares); None when nothing is left."""
-    text = text.strip()
-    while any(text.endswith(m) for m in END_MARKERS):
-        marker = next(m for m in END_MARKERS if text.endswith(m))
-        text = text[: -len(marker)].rstrip()
-    return text or None
-
-
-def gsm8k_answer(text: str, method: Literal["strict", "flexible"] = "strict") -> Decimal | None:
-    """The GSM8K final number as a Decimal ("1,234" and "1234.0" vote together): strict reads the
-    number after the last "####" (as `gsm8k_score` does by default), flexible the last number."""
-    found = (extract_strict if method == "strict" else extract_flexible)(text)
-    return to_decimal(found) if found is not None else None
-
-
-def math_answer(text: str) -> str | None:
-    """The last \\boxed{...} answer, normalised as the MATH scorer normalises it."""
-    boxed = last_boxed(text)
-    return normalize(boxed) if boxed is not None else None
-
-
-def default_extractors() -> dict[str, Extractor]:
-    """The answer extractor for majority voting of each data_source `default_scorers()` knows
-    (sources without one get no maj@k). A fresh dict each call: extend or override it."""
-    return {
-        "arithmetic": arithmetic_answer,
-        "openai/gsm8k": gsm8k_answer,
-        "lighteval/MATH": math_answer,
-        "DigitalLearningGmbH/MATH-lighteval": math_answer,
-        "HuggingFaceH4/MATH-500": math_answer,
-    }
 
 
 # ------------------------------------------------------------------------------ the report
@@ -112,8 +70,14 @@ class SourceResult:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def score_generations(rows: Sequence[Mapping], reward: Reward) -> tuple[list[list[float]], dict[str, float]]:
-    """Each row's response scores (scored in one reward call, by data_source), and the reward's metrics."""
+def score_generations(
+    rows: Sequence[Mapping], reward: Reward, max_new_tokens: int | None = None
+) -> tuple[list[list[float]], dict[str, float]]:
+    """Each row's response scores (scored in one reward call, by data_source), and the reward's metrics.
+
+    max_new_tokens: the generation limit of the responses, for overlong shaping; a generations
+    file does not record it, so it is known only when this job generated them.
+    """
     flat = [(row, text) for row in rows for text in row["responses"]]
     lengths = None
     if all(len(row.get("response_lengths") or []) == len(row["responses"]) for row in rows):
@@ -124,6 +88,7 @@ def score_generations(rows: Sequence[Mapping], reward: Reward) -> tuple[list[lis
         [ground_truth(row) for row, _ in flat],
         [row.get("extra_info") or {} for row, _ in flat],
         response_lengths=lengths,
+        max_new_tokens=max_new_tokens,
     )
     scores, start = [], 0
     for row in rows:
@@ -136,7 +101,7 @@ def evaluate_scores(
     rows: Sequence[Mapping],
     scores: Sequence[Sequence[float]],
     ks: Sequence[int] = (1, 2, 4, 8),
-    extractors: Mapping[str, Extractor] | None = None,
+    extractors: Mapping[str, Extractor] = EXTRACTORS,
     correct_score: float = 1.0,
     n_boot: int = 1000,
     alpha: float = 0.05,
@@ -144,7 +109,6 @@ def evaluate_scores(
 ) -> dict[str, SourceResult]:
     """Per data source: mean@n, std@n, pass@k, best@k/mean, maj@k/mean (k in `ks`, k <= n), each
     the mean over prompts of the per-prompt value, with a bootstrap interval over prompts."""
-    extractors = default_extractors() if extractors is None else extractors
     by_source: dict[str, list[int]] = defaultdict(list)
     for i, row in enumerate(rows):
         by_source[row["data_source"]].append(i)
@@ -286,7 +250,7 @@ class EvalJob:
         generations: str | None = None,  # .jsonl/.parquet rows with a `responses` list
         generation: GenerationStage | None = None,  # generate first, then score
         ks: Sequence[int] = (1, 2, 4, 8),  # the k of pass@k, maj@k, best@k (those above n are skipped)
-        extractors: Mapping[str, Extractor] | None = None,  # data_source -> answer for maj@k; None: default_extractors()
+        extractors: Mapping[str, Extractor] = EXTRACTORS,  # data_source -> answer for maj@k (rlhf.rewards.registry)
         out_dir: str | None = None,  # report, plot (and generations); None: the stage's output folder
         correct_score: float = 1.0,  # a response is correct (pass@k) when its score is at least this
         n_boot: int = 1000,  # bootstrap resamples of the prompts
@@ -303,7 +267,7 @@ class EvalJob:
         self.generations = generations
         self.generation = generation
         self.ks = tuple(sorted({int(k) for k in ks}))
-        self.extractors = default_extractors() if extractors is None else dict(extractors)
+        self.extractors = dict(extractors)
         self.out_dir = out_dir
         self.correct_score = correct_score
         self.n_boot = n_boot
@@ -332,7 +296,8 @@ class EvalJob:
         rows = _read_generations(path)
         self.reward.check_sources({r["data_source"] for r in rows})
         ctx.record({"data": {"eval": fingerprint_rows(rows)}, "eval_generations": str(path)})
-        scores, reward_metrics = score_generations(rows, self.reward)
+        limit = self.generation.sampling.max_new_tokens if self.generation is not None else None
+        scores, reward_metrics = score_generations(rows, self.reward, max_new_tokens=limit)
         results = evaluate_scores(
             rows, scores, self.ks, self.extractors, self.correct_score, self.n_boot, self.alpha, self.seed
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from rlhf.ranges import PositiveInt
 from rlhf.data.prompts import PromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
@@ -27,17 +28,18 @@ class Evaluator:
         dataset: PromptDataset,
         reward: RewardManager,
         sampling: SamplingParams = SamplingParams(temperature=0.0, max_new_tokens=32),  # greedy
-        batch_size: int = 512,  # prompts per generate call
+        prompts_per_call: PositiveInt = 512,  # prompts per generate call (x sampling.n rows), over all workers
         aux_rewards: dict[str, RewardManager] | None = None,  # name -> another scoring of the same responses
         n_boot: int = 200,  # bootstrap resamples for the intervals (0: no intervals)
     ):
         sources = dataset.data_sources
         for manager in [reward, *(aux_rewards or {}).values()]:
             manager.check_sources(sources)
+            manager.check_generation_limit(sampling.max_new_tokens)
         self.dataset = dataset
         self.reward = reward
         self.sampling = sampling
-        self.batch_size = batch_size
+        self.prompts_per_call = prompts_per_call
         self.aux_rewards = dict(aux_rewards or {})
         self.n_boot = n_boot
         self.ks = [2**i for i in range(sampling.n.bit_length()) if 2**i <= sampling.n]
@@ -47,7 +49,7 @@ class Evaluator:
         rows: list[dict] = []
         scores: list[list[float]] = []
         aux: dict[str, list[float]] = defaultdict(list)
-        for prompts in self.dataset.in_order(self.batch_size):
+        for prompts in self.dataset.in_order(self.prompts_per_call):
             rollout = policy.generate(prompts, self.sampling)  # the n samples of a prompt are adjacent
             scored, _ = score_rollout(rollout, self.dataset.tokenizer, self.reward)
             flat, texts = scored["scores"].tolist(), list(scored["response_text"])

@@ -139,19 +139,19 @@ class GenerationStage:
         dataset: PromptDataset,
         sampling: SamplingParams = SamplingParams(),
         output: str | None = None,  # .jsonl (or .parquet) path; None: <stage out_dir>/generations.jsonl
-        batch_size: int = 64,  # prompts per generate call (x n responses), over all workers
+        prompts_per_call: int = 64,  # prompts per generate call (x n responses), over all workers
         write_every: int = 1,  # batches per append + fsync: a crash loses at most this many batches
         parent_run: str | None = None,  # the Aim run that trained the model, recorded as this run's parent
     ):
-        if batch_size < 1 or write_every < 1:
-            raise ValueError(f"batch_size and write_every must be >= 1, got {batch_size} and {write_every}")
+        if prompts_per_call < 1 or write_every < 1:
+            raise ValueError(f"prompts_per_call and write_every must be >= 1, got {prompts_per_call} and {write_every}")
         if output is not None:
             output_paths(output)  # fail now on a bad suffix
         self.policy = policy
         self.dataset = dataset
         self.sampling = sampling
         self.output = output
-        self.batch_size = batch_size
+        self.prompts_per_call = prompts_per_call
         self.write_every = write_every
         self.parent_run = parent_run
 
@@ -172,7 +172,7 @@ class GenerationStage:
         buffered: list[dict] = []
         try:
             with open(path, "a", encoding="utf-8") as f:
-                for number, indices in enumerate(_chunks(pending, self.batch_size), start=1):
+                for number, indices in enumerate(_chunks(pending, self.prompts_per_call), start=1):
                     start = time.perf_counter()
                     out = self.policy.generate(self.dataset.collate(indices), self.sampling)
                     seconds = time.perf_counter() - start

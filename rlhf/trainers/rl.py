@@ -89,6 +89,7 @@ class RLTrainer:
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
+        reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
         problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
                                   dynamic_sampling=dynamic_sampling is not None)
         if problems:
@@ -187,7 +188,7 @@ class RLTrainer:
         elif (needs["old_log_probs"] or correcting) and not bypass or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
-        if needs["ref"] or self.kl_in_reward is not None:
+        if needs["ref_log_probs"] or self.kl_in_reward is not None:
             with timed(timing, "ref"):
                 batch = batch.union(self.policy.compute_ref_log_probs(batch))
         correction_metrics = self._correct_rollout(batch) if correcting else {}

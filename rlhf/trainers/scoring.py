@@ -6,7 +6,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
-from rlhf.rewards.manager import RewardManager
+from rlhf.rewards.manager import Reward
 from rlhf.rewards.model_reward import mix_model_scores
 
 
@@ -19,14 +19,15 @@ def decode_responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[s
 def score_rollout(
     batch: Batch,
     tokenizer: PreTrainedTokenizerBase,
-    reward: RewardManager,
+    reward: Reward,
     reward_model=None,  # WorkerGroup of RewardModelWorker; None: rule scores only
     reward_model_weight: float = 1.0,  # score = rule + reward_model_weight * rm_score
 ) -> tuple[Batch, dict]:
     """`token_level_scores` (B,R): each response's score on its last valid token, 0 elsewhere."""
     texts = decode_responses(batch, tokenizer)
-    lengths = batch["response_mask"].sum(dim=1).tolist()  # for overlong shaping (DAPO)
-    out = reward(texts, batch["data_source"], batch["ground_truth"], batch["extra_info"], response_lengths=lengths)
+    lengths = batch["response_mask"].sum(dim=1).tolist()  # for overlong shaping (DAPO), with the generation limit
+    out = reward(texts, batch["data_source"], batch["ground_truth"], batch["extra_info"], response_lengths=lengths,
+                 max_new_tokens=batch.require_meta("max_new_tokens", "score_rollout"))
     scores = torch.tensor(out.scores, dtype=torch.float32)
     mask = batch["response_mask"]
     token_level = torch.zeros(mask.shape, dtype=torch.float32)

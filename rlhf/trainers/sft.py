@@ -51,7 +51,7 @@ class SFTTrainer:
         val_batch_size: PositiveInt = 64,  # examples per log-prob call of the validation loss
         test_freq: NonNegativeInt = 0,  # validate every k steps (0: only at the end); always at the end
         val_before_train: bool = False,  # also validate the initial model (logged at step 0)
-        bucketed: bool = False,  # batches of similar lengths (less padding); see length_bucketed_batches
+        bucketed: bool = True,  # batches of similar lengths (less padding; see length_bucketed_batches); False: random
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
         seed: NonNegativeInt = 0,

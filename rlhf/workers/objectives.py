@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.algos import KLLoss, PPOClipLoss, token_mean
+from rlhf.algos import KLLoss, PolicyLoss, PPOClipLoss, token_mean
 from rlhf.batch import Batch
 
 
@@ -25,11 +25,11 @@ class PolicyObjective:
 
     def __init__(
         self,
-        policy_loss: object = None,  # e.g. PPOClipLoss(); None means PPOClipLoss()
+        policy_loss: PolicyLoss = PPOClipLoss(),  # a policy-gradient loss from rlhf.algos (Frozen: safe to share)
         kl_loss: KLLoss | None = None,  # KL to the reference policy as a loss term (GRPO); None: off
         entropy_coef: float = 0.0,  # weight of the entropy bonus (subtracted from the loss)
     ):
-        self.policy_loss = policy_loss if policy_loss is not None else PPOClipLoss()
+        self.policy_loss = policy_loss
         self.kl_loss = kl_loss
         self.entropy_coef = entropy_coef
 
@@ -48,11 +48,13 @@ class PolicyObjective:
         # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.
         old = batch["old_log_probs"] if "old_log_probs" in batch else log_probs.detach()
         weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch else None  # rollout correction (TIS)
-        loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, num_tokens=num_tokens, num_seqs=num_seqs,
-                                     rollout_is_weights=weights)
+        # the generation limit, set once in SamplingParams and recorded by the rollout engine
+        counts = dict(num_tokens=num_tokens, num_seqs=num_seqs,
+                      max_new_tokens=batch.require_meta("max_new_tokens", "PolicyObjective"))
+        loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, rollout_is_weights=weights, **counts)
         metrics = {f"actor/{k}": _detached(v) for k, v in raw.items()}
         if self.kl_loss is not None:
-            kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, num_tokens=num_tokens, num_seqs=num_seqs)
+            kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, **counts)
             loss = loss + kl
             metrics.update({f"actor/{k}": _detached(v) for k, v in kl_raw.items()})
         if entropy is not None and self.entropy_coef:

@@ -81,20 +81,6 @@ def _response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) ->
     ).logits[:, :-1, :]
 
 
-def _check_width_free_aggregation(objective: object) -> None:
-    """Token-budget micro-batches are trimmed to their longest row, so a loss that divides by
-    the response width (`seq_mean_token_sum_norm` without a fixed length) would change."""
-    from rlhf.algos import seq_mean_token_sum_norm
-
-    for term in (getattr(objective, "policy_loss", None), getattr(objective, "kl_loss", None)):
-        if getattr(term, "aggregate", None) is seq_mean_token_sum_norm:
-            raise ValueError(
-                f"{type(term).__name__} aggregates with seq_mean_token_sum_norm, which divides by the response "
-                "width; token-budget micro-batches (max_tokens_per_micro_batch) trim that width per micro-batch. "
-                "Use aggregate=SeqMeanTokenSumNorm(max_response_length=<max_new_tokens>) instead."
-            )
-
-
 class RolloutGap:
     """The trainer-vs-engine log-prob gap of one update: mean and max |log pi_old - log pi_rollout|
     over response tokens (`rollout_corr/log_prob_abs_diff`, `..._max`), logged every step.
@@ -173,8 +159,6 @@ class PolicyWorker:
     ):
         if objective is not None:
             check_trainable_precision("PolicyWorker", dtype, compute_dtype)
-        if max_tokens_per_micro_batch is not None:
-            _check_width_free_aggregation(objective)
         if getattr(objective, "needs_ref", False) and ref_model_path is None:
             raise ValueError(
                 "the policy objective has a KL loss against a reference policy, but PolicyWorker.ref_model_path "
@@ -286,7 +270,7 @@ class PolicyWorker:
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
     def _log_probs_batched(self, model: torch.nn.Module, batch: Batch, key: str) -> Batch:
-        temperature = batch.meta.get("temperature", 1.0)
+        temperature = batch.require_meta("temperature", f"PolicyWorker ({key})")
         base = self.trainer.unwrapped() if model is self.trainer.model else model  # no grad: no DDP hooks to serve
         fused = self.fused_lm_head and fusable_lm_head(base) is not None
 
@@ -309,7 +293,7 @@ class PolicyWorker:
         optimal token baseline's inputs, from one forward pass here where the logits are (the driver
         never sees a (B,T,V) tensor)."""
         self.trainer.model.eval()
-        temperature = batch.meta.get("temperature", 1.0)
+        temperature = batch.require_meta("temperature", "PolicyWorker.compute_token_stats")
 
         @torch.no_grad()
         def forward(micro: Batch) -> torch.Tensor:
@@ -345,7 +329,7 @@ class PolicyWorker:
         if getattr(self.objective, "needs_ref", False) and "ref_log_probs" not in batch:
             batch = batch.union(self._log_probs_batched(self.ref_model, batch, "ref_log_probs"))  # see requirements
             ref_seconds = time.perf_counter() - start
-        temperature = batch.meta.get("temperature", 1.0)
+        temperature = batch.require_meta("temperature", "PolicyWorker.update")
         entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
         unwrapped = self.trainer.unwrapped()
         gap = RolloutGap(batch)
@@ -373,7 +357,8 @@ class PolicyWorker:
 
     @on_all_ranks
     def requirements(self) -> dict[str, bool]:
-        """What the driver must compute before `update`: old log-probs, reference log-probs.
+        """The columns the driver must add before `update`, keyed by their Batch names:
+        `old_log_probs`, `ref_log_probs`.
 
         Old log-probs are skipped when provably on-policy (one epoch, one mini-batch): the
         update then uses the current log-probs, detached, as the old ones. Reference
@@ -383,7 +368,7 @@ class PolicyWorker:
         them itself (a KL penalty in the reward) calls `compute_ref_log_probs`.
         """
         off_policy = self.trainer.epochs > 1 or self.trainer.mini_batches > 1
-        return {"old_log_probs": self.objective is not None and off_policy, "ref": False}
+        return {"old_log_probs": self.objective is not None and off_policy, "ref_log_probs": False}
 
     # ------------------------------------------------------------ state I/O
     @on_all_ranks

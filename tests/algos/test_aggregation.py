@@ -1,12 +1,13 @@
 """rlhf.algos.aggregation: hand-computed values, and the sharding invariant (value and gradient)."""
 
+import functools
+
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhf.algos.aggregation import (
-    SeqMeanTokenSumNorm,
     count_seqs,
     count_tokens,
     seq_mean_token_mean,
@@ -17,7 +18,8 @@ from rlhf.algos.aggregation import (
 
 from .strategies import cases, perturb_padding
 
-ALL = [token_mean, seq_mean_token_sum, seq_mean_token_mean, seq_mean_token_sum_norm, SeqMeanTokenSumNorm(7)]
+ALL = [token_mean, seq_mean_token_sum, seq_mean_token_mean, seq_mean_token_sum_norm,
+       functools.partial(seq_mean_token_sum_norm, max_new_tokens=7)]
 
 LOSS = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
 MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
@@ -33,7 +35,7 @@ def test_golden_values():
     assert token_mean(LOSS, MASK).item() == pytest.approx(7 / 3)  # (1 + 2 + 4) / 3
     assert seq_mean_token_sum(LOSS, MASK).item() == pytest.approx(3.5)  # (3 + 4) / 2
     assert seq_mean_token_mean(LOSS, MASK).item() == pytest.approx(2.75)  # (1.5 + 4) / 2
-    assert SeqMeanTokenSumNorm(4)(LOSS, MASK).item() == pytest.approx(0.875)  # (3 + 4) / 2 / 4
+    assert seq_mean_token_sum_norm(LOSS, MASK, max_new_tokens=4).item() == pytest.approx(0.875)  # (3 + 4) / 2 / 4
     assert seq_mean_token_sum_norm(LOSS, MASK).item() == pytest.approx(7 / 6)  # L_max defaults to T = 3
     # global counts override the local ones: (1 + 2 + 4) / 7 and (3 + 4) / 5
     assert token_mean(LOSS, MASK, num_tokens=7).item() == pytest.approx(1.0)
@@ -49,8 +51,13 @@ def test_empty_mask_gives_zero(agg):
 
 
 def test_norm_rejects_bad_length():
-    with pytest.raises(ValueError):
-        SeqMeanTokenSumNorm(0)
+    with pytest.raises(ValueError, match="max_new_tokens must be positive"):
+        seq_mean_token_sum_norm(LOSS, MASK, max_new_tokens=0)
+
+
+@pytest.mark.parametrize("agg", [token_mean, seq_mean_token_sum, seq_mean_token_mean])
+def test_only_the_norm_reads_the_generation_limit(agg):
+    assert agg(LOSS, MASK, max_new_tokens=4).item() == agg(LOSS, MASK).item()
 
 
 @settings(max_examples=100)

@@ -1,6 +1,8 @@
 """The public surface of rlhf.algos: names, signatures the framework relies on, purity."""
 
 import inspect
+
+import pytest
 import pathlib
 import re
 
@@ -49,3 +51,17 @@ def test_signatures_the_framework_calls():
     assert params(algos.apply_kl_penalty) == [
         "token_level_scores", "log_probs", "ref_log_probs", "response_mask", "coef", "estimator",
     ]
+
+
+def test_losses_and_estimators_are_frozen_so_a_shared_default_cannot_drift():
+    """`RLTrainer(advantage=GRPO())` and `PolicyObjective(policy_loss=PPOClipLoss())` share one default
+    instance between all callers: changing it in place is refused, naming the fix."""
+    from rlhf.trainers.rl import RLTrainer
+    from rlhf.workers.objectives import PolicyObjective
+    import inspect
+
+    for default in (inspect.signature(RLTrainer).parameters["advantage"].default,
+                    inspect.signature(PolicyObjective).parameters["policy_loss"].default):
+        name = next(iter(vars(default)))
+        with pytest.raises(AttributeError, match=rf"{type(default).__name__}\.{name} is read-only.*build a new"):
+            setattr(default, name, 0.5)

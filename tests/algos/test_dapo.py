@@ -14,7 +14,7 @@ from .strategies import grouped_cases
 def test_overlong_penalty_golden():
     # L_max 20, buffer 4 -> ramp from 16: |y| = 10 -> 0; 16 -> 0; 18 -> -(2/4) * 0.5; 20 -> -0.5; 25 -> -0.5
     lengths = torch.tensor([10, 16, 18, 20, 25])
-    out = overlong_penalty(lengths, max_response_length=20, overlong_buffer_len=4, penalty_factor=0.5)
+    out = overlong_penalty(lengths, max_new_tokens=20, overlong_buffer_len=4, penalty_factor=0.5)
     torch.testing.assert_close(out, torch.tensor([0.0, 0.0, -0.25, -0.5, -0.5]))
     with pytest.raises(ValueError):
         overlong_penalty(lengths, 20, 0)

@@ -30,9 +30,9 @@ def test_weighted_sum_with_each_source_reported():
 def test_source_failures_and_lengths_pass_through():
     combined = CombinedReward({
         "rule": (1.0, RewardManager({"a": boom}, strict=False, fallback_score=-1.0)),
-        "shaped": (1.0, RewardManager({"a": exact_match_score}, overlong_buffer_len=2, max_response_length=4)),
+        "shaped": (1.0, RewardManager({"a": exact_match_score}, overlong_buffer_len=2)),
     })
-    out = combined(["1", "1"], ["a", "a"], ["1", "1"], [None, None], response_lengths=[2, 3])
+    out = combined(["1", "1"], ["a", "a"], ["1", "1"], [None, None], response_lengths=[2, 3], max_new_tokens=4)
     # rule: -1 each (fallback); shaped: 1 + 0 and 1 - 0.5
     assert out.scores == [0.0, -0.5]
     assert out.metrics["reward/errors"] == 1 * 2 and out.metrics["reward/rule/errors/a"] == 2.0

@@ -76,7 +76,7 @@ def test_extractors():
 
 
 def test_bad_method_and_bad_ground_truth():
-    with pytest.raises(ValueError, match='method must be "strict" or "flexible"'):
+    with pytest.raises(ValueError, match=r"method must be one of \['flexible', 'strict'\], got 'loose'"):
         gsm8k_score("#### 1", "1", method="loose")
     with pytest.raises(ValueError, match="ground truth 'seventy' is not a number"):
         gsm8k_score("#### 1", "seventy")

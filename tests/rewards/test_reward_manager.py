@@ -232,27 +232,36 @@ def test_batched_scorers_stay_in_process_with_workers():
 
 
 def test_manager_adds_overlong_penalty_and_reports_it():
-    manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4, max_response_length=10)
-    out = manager(["1", "1", "2"], ["a"] * 3, ["1"] * 3, [None] * 3, response_lengths=[3, 8, 10])
+    manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4)
+    out = manager(["1", "1", "2"], ["a"] * 3, ["1"] * 3, [None] * 3, response_lengths=[3, 8, 10], max_new_tokens=10)
     # lengths 3, 8, 10 with the buffer starting after 6 tokens: 0, -(8-6)/4 = -0.5, -1.
     assert out.scores == [1.0, 0.5, -1.0]
     assert out.extras == {"overlong_penalty": [0.0, -0.5, -1.0]}
     assert out.metrics["reward/overlong_penalty/mean"] == pytest.approx(-0.5)
+    # the ramp follows the limit the responses were generated under: with 16, it starts after 12 tokens
+    assert manager(["1"], ["a"], ["1"], [None], response_lengths=[10], max_new_tokens=16).scores == [1.0]
 
 
 def test_overlong_options_are_checked():
-    with pytest.raises(ValueError, match="needs max_response_length"):
-        RewardManager({}, overlong_buffer_len=4)
-    with pytest.raises(ValueError, match=r"overlong_buffer_len must be in 1..max_response_length=10"):
-        RewardManager({}, overlong_buffer_len=11, max_response_length=10)
-    manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4, max_response_length=10)
+    with pytest.raises(ValueError, match="overlong_buffer_len must be >= 1"):
+        RewardManager({}, overlong_buffer_len=0)
+    manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4)
+    with pytest.raises(ValueError, match=r"overlong_buffer_len=4 is longer than .*max_new_tokens=3"):
+        manager.check_generation_limit(3)
+    manager.check_generation_limit(4)
     with pytest.raises(ValueError, match="needs response_lengths.*response_mask.sum"):
-        manager(["1"], ["a"], ["1"], [None])
+        manager(["1"], ["a"], ["1"], [None], max_new_tokens=10)
+    with pytest.raises(ValueError, match=r"needs max_new_tokens.*batch.meta\['max_new_tokens'\]"):
+        manager(["1"], ["a"], ["1"], [None], response_lengths=[1])
+    with pytest.raises(ValueError, match=r"max_new_tokens=3"):
+        manager(["1"], ["a"], ["1"], [None], response_lengths=[1], max_new_tokens=3)
     with pytest.raises(ValueError, match="disagree on the number of rows"):
-        manager(["1"], ["a"], ["1"], [None], response_lengths=[1, 2])
-    # without shaping, lengths are accepted and ignored
+        manager(["1"], ["a"], ["1"], [None], response_lengths=[1, 2], max_new_tokens=10)
+    # without shaping, lengths and the limit are accepted and ignored
     plain = RewardManager({"a": exact_match_score})
-    assert plain(["1"], ["a"], ["1"], [None], response_lengths=[99]).metrics == {"reward/errors": 0.0}
+    plain.check_generation_limit(1)
+    out = plain(["1"], ["a"], ["1"], [None], response_lengths=[99], max_new_tokens=8)
+    assert out.metrics == {"reward/errors": 0.0}
 
 
 def test_bad_parallel_options():

@@ -102,7 +102,8 @@ def test_bypass_mode_trains_against_the_engine_log_probs(tiny_trainer):
 def test_the_objective_applies_the_rollout_weights():
     objective = PolicyObjective(policy_loss=PPOClipLoss())
     log_probs = torch.tensor([[-1.0, -2.0]])
-    batch = Batch({"response_mask": torch.ones(1, 2), "advantages": torch.tensor([[1.0, 3.0]])})
+    batch = Batch({"response_mask": torch.ones(1, 2), "advantages": torch.tensor([[1.0, 3.0]])},
+                  meta={"max_new_tokens": 2})  # what a rollout records
     # on-policy r = 1, so the per-token loss is -A: token mean (-1 - 3) / 2 = -2
     assert objective(log_probs, None, batch, num_tokens=2, num_seqs=1)[0].item() == pytest.approx(-2.0)
     batch["rollout_is_weights"] = torch.tensor([[2.0, 0.5]])  # (-1 * 2 - 3 * 0.5) / 2 = -1.75

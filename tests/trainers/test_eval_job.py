@@ -14,7 +14,8 @@ from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.tracking.query import find_runs, metric_values
 from rlhf.trainers.context import StageContext
-from rlhf.trainers.eval_job import EvalJob, arithmetic_answer, gsm8k_answer
+from rlhf.rewards import arithmetic_answer, gsm8k_answer
+from rlhf.trainers.eval_job import EvalJob
 from rlhf.tracking.query import producer_run
 
 

@@ -24,7 +24,7 @@ def evaluator(sampling, **kw):
     data = PromptDataset(arithmetic_rows(6, split="test"), load_tokenizer(tiny_model_path()))
     reward = RewardManager({"arithmetic": exact_match_score})
     always = RewardManager({"arithmetic": lambda text, truth, extra=None: 1.0})
-    return Evaluator(data, reward, sampling, batch_size=4, aux_rewards={"always": always}, **kw)
+    return Evaluator(data, reward, sampling, prompts_per_call=4, aux_rewards={"always": always}, **kw)
 
 
 def test_greedy_validation_reports_mean_at_1(policy):

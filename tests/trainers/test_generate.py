@@ -101,13 +101,13 @@ def test_ctrl_c_keeps_every_finished_batch_and_a_rerun_completes(tmp_path, data,
     dataset = PromptDataset(read_rows(data)[0], load_tokenizer(tiny_model_path()))
     sampling = SamplingParams(n=2, max_new_tokens=4)
     out = tmp_path / "gens.jsonl"
-    stage = GenerationStage(OneWorkerGroup(worker, stop_at=3), dataset, sampling, str(out), batch_size=2,
+    stage = GenerationStage(OneWorkerGroup(worker, stop_at=3), dataset, sampling, str(out), prompts_per_call=2,
                             write_every=write_every)
     with pytest.raises(KeyboardInterrupt):
         stage.run(StageContext(out_dir=tmp_path, progress=False))
     assert [r["row_index"] for r in lines(out)] == [0, 1, 2, 3]  # two finished batches, also when buffered
     logged = []
-    stage = GenerationStage(OneWorkerGroup(worker), dataset, sampling, str(out), batch_size=2)
+    stage = GenerationStage(OneWorkerGroup(worker), dataset, sampling, str(out), prompts_per_call=2)
     result = stage.run(StageContext(out_dir=tmp_path, log=lambda m, step: logged.append((step, m)), progress=False))
     assert [r["row_index"] for r in lines(out)] == list(range(ROWS))
     assert result["metrics"]["generate/prompts_resumed"] == 4

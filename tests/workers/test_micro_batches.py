@@ -49,7 +49,7 @@ def ragged_batch(prompt_lens, response_lens, group=1, seed=0, vocab=200):
             "old_log_probs": -torch.rand(b, r, generator=g) * response_mask,
         },
         {"uid": [f"u{i // group}" for i in range(b)]},
-        {"temperature": 1.0},
+        {"temperature": 1.0, "max_new_tokens": max(response_lens)},  # what a rollout records
     )
 
 
@@ -283,7 +283,7 @@ def test_token_budget_update_equals_the_row_count_update(aggregate):
 
         def micro_loss(micro, num_tokens, num_seqs):
             seen.append(tuple(micro["input_ids"].shape))
-            log_probs, entropy = response_log_probs(trainer.model, micro, 1.0, "metric")
+            log_probs, entropy = response_log_probs(trainer.model, micro, 1.0, with_entropy=True)
             return objective(log_probs, entropy, micro, num_tokens=num_tokens, num_seqs=num_seqs)
 
         metrics = trainer.update(data, micro_loss)

@@ -40,10 +40,23 @@ def test_critic_values_equal_the_row_count_path():
                                rtol=1e-5, atol=1e-6)
 
 
-def test_a_width_dependent_aggregation_is_refused_with_the_fix():
-    objective = PolicyObjective(policy_loss=PPOClipLoss(aggregate=seq_mean_token_sum_norm))
-    with pytest.raises(ValueError, match="SeqMeanTokenSumNorm\\(max_response_length"):
-        PolicyWorker(tiny_model_path(), objective=objective, max_tokens_per_micro_batch=BUDGET)
+def test_the_dr_grpo_normaliser_is_partition_free():
+    """seq_mean_token_sum_norm divides by the batch's generation limit (meta `max_new_tokens`), not by
+    the width of a micro-batch, so token-budget micro-batches (trimmed per micro-batch) give the
+    row-count update."""
+    path = tiny_model_path()
+
+    def worker(**kw):
+        objective = PolicyObjective(policy_loss=PPOClipLoss(aggregate=seq_mean_token_sum_norm))
+        return PolicyWorker(path, objective=objective, ref_model_path=path, optimizer=SGD, micro_batch_size=4, **kw)
+
+    rows, tokens = worker(), worker(max_tokens_per_micro_batch=BUDGET)
+    batch = scored_rollout(rows, prompts=6, n=4)
+    a, b = rows.update(batch), tokens.update(batch)
+    assert b["actor/micro_batches"] != a["actor/micro_batches"]  # really cut differently
+    pa, pb = rows.parameters_digest(), tokens.parameters_digest()
+    for k in pa:
+        torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6)
 
 
 def test_fused_lm_head_gives_the_same_log_probs_and_update():
