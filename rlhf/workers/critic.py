@@ -120,7 +120,8 @@ class CriticWorker:
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             values = response_values(self.trainer.model, micro)
             loss, raw = self.value_loss(
-                values, micro["values"], micro["returns"], micro["response_mask"], num_tokens=num_tokens, num_seqs=num_seqs
+                values, micro["values"], micro["returns"], micro["response_mask"], num_tokens=num_tokens,
+                num_seqs=num_seqs, max_new_tokens=micro.require_meta("max_new_tokens", "CriticWorker"),
             )
             metrics = {f"critic/{k}": v for k, v in raw.items()}
             metrics["critic/vpred_mean"] = masked_mean(values.detach(), micro["response_mask"])
