@@ -24,8 +24,9 @@ from rlhf.data.sft import SFTDataset, answer_from_extra_info, answer_from_ground
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards import RewardManager, default_scorers
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.runtime.experiment import Experiment
+from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import Evaluator
@@ -138,8 +139,6 @@ def main(argv: Sequence[str]) -> int:
         max_new_tokens=a.max_new_tokens, test_freq=a.test_freq, save_freq=a.save_freq, workers=a.workers,
         gpus_per_worker=a.gpus_per_worker, compute_dtype=a.compute_dtype, bucketed=not a.no_bucketing,
     )
-    from rlhf.config.validate import PreflightError
-    from rlhf.runtime.experiment import run_experiment
 
     try:
         result = run_experiment(graph)["sft"]

@@ -28,6 +28,7 @@ from transformers import PreTrainedTokenizerBase
 from rlhf.batch import Batch
 from rlhf.data.arrow import BAD, BLANK, OK, RowKind, builder_for, canonical_json, normalize_row
 from rlhf.data.files import _check_readable, parse_jsonl_line
+from rlhf.data.prompts import _check_settings, collate_prompts, truncate_ids
 from rlhf.data.schema import DataError
 from rlhf.data.tokenize import chat_prompt_ids_batch
 
@@ -114,8 +115,6 @@ class StreamingPromptDataset:
         shuffle_buffer: int = 10_000,  # rows in the shuffle buffer (more: better mixing, more memory)
         chunk: int = 256,  # rows templated and tokenised per call
     ):
-        from rlhf.data.prompts import _check_settings
-
         _check_settings(max_prompt_length, overlong)
         if not isinstance(rows, datasets.IterableDataset):
             raise TypeError(f"StreamingPromptDataset: rows must be a datasets.IterableDataset (load_rows(path, "
@@ -137,8 +136,6 @@ class StreamingPromptDataset:
     @staticmethod
     def preflight(arguments: dict) -> None:
         """Before any stage runs: the settings (the stream itself is checked by `load_rows`' hook)."""
-        from rlhf.data.prompts import _check_settings
-
         _check_settings(arguments.get("max_prompt_length", 512), arguments.get("overlong", "filter"))
 
     # ----------------------------------------------------------- lineage
@@ -164,8 +161,6 @@ class StreamingPromptDataset:
     # ----------------------------------------------------------- batches
     def _prompts(self, examples: Iterator[Mapping], start: int) -> Iterator[tuple[int, dict, list[int], int]]:
         """(position in the stream after this row, row, ids, row index) of each kept row, tokenised a chunk at a time."""
-        from rlhf.data.prompts import truncate_ids
-
         position = start
         while True:
             chunk, read = [], 0
@@ -246,8 +241,6 @@ class StreamingPromptDataset:
             yield self._collate(batch)
 
     def _collate(self, batch: list[tuple[dict, list[int], int]]) -> Batch:
-        from rlhf.data.prompts import collate_prompts
-
         rows, ids, indices = zip(*batch)
         return collate_prompts([f"{self.name}-{i}" for i in indices], list(rows), list(ids),
                                self.tokenizer.pad_token_id, self.raw_prompt)

@@ -378,7 +378,7 @@ class PolicyWorker:
         if self.adapter is None:
             return self.trainer.save_pretrained(path, self.tokenizer)
         from rlhf.workers.lora import merged, save_adapter
-        from rlhf.workers.training import atomic_write_dir
+        from rlhf.io.atomic import atomic_write_dir
 
         model = self.trainer.unwrapped()  # DDP/CPU; under FSDP gather with accelerator.get_state_dict first
         if self.trainer.accelerator.is_main_process:
