@@ -321,6 +321,6 @@ def lr_sweep(stage: str = "grpo", values: tuple[float, ...] = (2e-4, 5e-4, 1e-3)
 
 
 if __name__ == "__main__":
-    from rlhf.config.cli import run_cli
+    from rlhf.cli.experiment import run_cli
 
     run_cli(sys.modules[__name__])

@@ -70,6 +70,6 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
 
 
 if __name__ == "__main__":
-    from rlhf.config.cli import run_cli
+    from rlhf.cli.experiment import run_cli
 
     run_cli(sys.modules[__name__])

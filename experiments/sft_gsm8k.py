@@ -98,6 +98,6 @@ def then_grpo(cfg: fdl.Config[Experiment], data_dir: str = "~/data/gsm8k") -> No
 
 
 if __name__ == "__main__":
-    from rlhf.config.cli import run_cli
+    from rlhf.cli.experiment import run_cli
 
     run_cli(sys.modules[__name__])

@@ -1,7 +1,7 @@
 """Range markers for constructor arguments: `prompts_per_step: Annotated[int, Positive] = 16`.
 
 A component declares the values an argument may take in its signature, next to its default;
-preflight (`rlhf.config.typecheck`) reads every signature of the graph and checks each
+preflight (`rlhf.graph.typecheck`) reads every signature of the graph and checks each
 configured value against its type and these markers before anything is built, so a `0` or a
 `"ten"` fails in a second, naming its path, instead of as a ZeroDivisionError after the models
 have loaded. The markers are the `annotated-types` package's (as pydantic and msgspec read

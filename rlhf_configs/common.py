@@ -5,6 +5,7 @@ from __future__ import annotations
 import fiddle as fdl
 from fiddle import selectors
 
+from rlhf.config.gin_overrides import apply_gin
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote
@@ -32,8 +33,6 @@ def quiet(cfg: fdl.Config[Experiment]) -> None:
 
 def gin(cfg: fdl.Config[Experiment], path: str | None = None, text: str | None = None) -> None:
     """Apply a gin file's bindings (rlhf_configs/*.gin or your own), e.g. fiddler:gin(path='debug.gin')."""
-    from rlhf.config.gin_overrides import apply_gin
-
     apply_gin(cfg, path, text)
 
 

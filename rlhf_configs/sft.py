@@ -24,8 +24,9 @@ from rlhf.data.sft import SFTDataset, answer_from_extra_info, answer_from_ground
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards import RewardManager, default_scorers
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.runtime.experiment import Experiment
+from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import Evaluator
@@ -139,8 +140,6 @@ def main(argv: Sequence[str]) -> int:
     )
     if a.no_bucketing:  # SFTTrainer.bucketed (default True) is the one default
         graph.stages["sft"].bucketed = False
-    from rlhf.config.validate import PreflightError
-    from rlhf.runtime.experiment import run_experiment
 
     try:
         result = run_experiment(graph)["sft"]

@@ -58,3 +58,20 @@ def _datasets_cache(tmp_path_factory):
         os.environ.pop("HF_DATASETS_CACHE", None)
     else:
         os.environ["HF_DATASETS_CACHE"] = before[1]
+
+
+@pytest.fixture(scope="session")
+def toy_sweep(tmp_path_factory):
+    """`lr_sweep` of the toy experiment (tests/sweep_toy_experiment.py), two members x two stages =
+    four real Aim runs, run once and shared by the sweep, rerun, diff and UI tests.
+
+    Returns (results, repo path, output folder).
+    """
+    import sweep_toy_experiment as toy
+
+    import rlhf
+
+    root = tmp_path_factory.mktemp("toy_sweep")
+    repo, out = str(root / "aim"), str(root / "out")
+    results = rlhf.sweep(toy.base(repo=repo, output_dir=out), toy.lr_sweep(), name="lr_sweep")
+    return results, repo, out

@@ -1,7 +1,7 @@
 """What each advantage estimator needs from the rest of an RL setup, in one table.
 
 The RL trainer reads it (to refuse a setup when it is built, and to know which inputs to
-compute at each step) and so does preflight (`rlhf.config.checks`, before anything starts),
+compute at each step) and so does preflight (`rlhf.runtime.preflight`, before anything starts),
 so the two can never disagree about, say, which estimators need several samples per prompt.
 
     needs = estimator_needs(GRPO)           # or an instance: estimator_needs(GRPO())

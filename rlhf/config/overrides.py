@@ -20,18 +20,31 @@ import fiddle as fdl
 from rlhf.config.provenance import labelled
 
 
+__all__ = [
+    "OverrideError",
+    "apply_overrides",
+    "apply_set",
+    "did_you_mean",
+    "named_functions",
+    "parse_call",
+    "parse_path",
+    "set_path",
+]
+
+
 class OverrideError(ValueError):
     """A command-line override names something that does not exist, or is malformed."""
 
 
-def _did_you_mean(name: str, options: Iterable[str]) -> str:
+def did_you_mean(name: str, options: Iterable[str]) -> str:
+    """` Did you mean 'x'? Valid names: a, b.`: the end of an error message about a misspelled `name`."""
     options = sorted(set(options))
     close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     return f"{hint} Valid names: {', '.join(options) or '(none)'}."
 
 
-def _parse_call(text: str, kind: str) -> tuple[str, dict[str, Any]]:
+def parse_call(text: str, kind: str) -> tuple[str, dict[str, Any]]:
     """`name` or `name(k=v, ...)` with literal values -> (name, kwargs)."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
@@ -49,7 +62,7 @@ def _parse_call(text: str, kind: str) -> tuple[str, dict[str, Any]]:
     raise OverrideError(f"{kind}:{text} is not `name` or `name(arg=value, ...)` with keyword arguments only")
 
 
-def _parse_path(text: str) -> list[str | int]:
+def parse_path(text: str) -> list[str | int]:
     """`stages.grpo.total_steps` or `stages["grpo"].items[0]` -> ["stages", "grpo", "total_steps"]."""
     try:
         node = ast.parse(text.strip(), mode="eval").body
@@ -85,12 +98,12 @@ def _child(value: Any, key: str | int, where: str) -> Any:
         if not isinstance(key, str) or (key not in _fields(value) and not _accepts_any_kwarg(value)):
             raise OverrideError(
                 f"{fdl.get_callable(value).__name__} at {where or '<root>'} has no field {key!r}."
-                + _did_you_mean(str(key), _fields(value))
+                + did_you_mean(str(key), _fields(value))
             )
         return getattr(value, key)
     if isinstance(value, dict):
         if key not in value:
-            raise OverrideError(f"{where or '<root>'} has no key {key!r}." + _did_you_mean(str(key), map(str, value)))
+            raise OverrideError(f"{where or '<root>'} has no key {key!r}." + did_you_mean(str(key), map(str, value)))
         return value[key]
     if isinstance(value, (list, tuple)) and isinstance(key, int):
         if not -len(value) <= key < len(value):
@@ -101,7 +114,7 @@ def _child(value: Any, key: str | int, where: str) -> Any:
 
 def set_path(graph: Any, path: str, value: Any) -> None:
     """Set the field at dotted `path` of `graph` to `value` (checked against the signature)."""
-    keys = _parse_path(path)
+    keys = parse_path(path)
     node, where = graph, ""
     for key in keys[:-1]:
         node = _child(node, key, where)
@@ -133,7 +146,8 @@ def apply_set(graph: Any, body: str) -> None:
         set_path(graph, path.strip(), value)
 
 
-def _named_functions(namespaces: Sequence[types.ModuleType]) -> dict[str, Callable]:
+def named_functions(namespaces: Sequence[types.ModuleType]) -> dict[str, Callable]:
+    """The public functions defined in `namespaces` by name (configs, fiddlers, sweeps); earlier ones win."""
     out: dict[str, Callable] = {}
     for module in reversed(namespaces):  # earlier namespaces win
         for name, obj in vars(module).items():  # functions defined there, not imported ones
@@ -146,7 +160,7 @@ def apply_overrides(
     commands: Sequence[str], namespaces: Sequence[types.ModuleType], default_config: str = "base"
 ) -> tuple[Any, list[str]]:
     """Build the graph from `commands`; returns (graph, the fiddlers applied by name)."""
-    functions = _named_functions(namespaces)
+    functions = named_functions(namespaces)
     commands = list(commands)
     if not commands or not commands[0].startswith(("config:",)):
         commands.insert(0, f"config:{default_config}")
@@ -154,14 +168,14 @@ def apply_overrides(
     for command in commands:
         kind, _, body = command.partition(":")
         if kind == "config":
-            name, kwargs = _parse_call(body, kind)
+            name, kwargs = parse_call(body, kind)
             if name not in functions:
-                raise OverrideError(f"no config function {name!r}." + _did_you_mean(name, functions))
+                raise OverrideError(f"no config function {name!r}." + did_you_mean(name, functions))
             graph = functions[name](**kwargs)
         elif kind == "fiddler":
-            name, kwargs = _parse_call(body, kind)
+            name, kwargs = parse_call(body, kind)
             if name not in functions:
-                raise OverrideError(f"no fiddler {name!r}." + _did_you_mean(name, functions))
+                raise OverrideError(f"no fiddler {name!r}." + did_you_mean(name, functions))
             with labelled(f"fiddler:{body}"):  # argument history: "fiddler:tiny (file:line)"
                 result = functions[name](graph, **kwargs)
             graph = result if result is not None else graph

@@ -1,4 +1,4 @@
-"""Where every value of a graph came from, how two graphs differ, and running a stored graph again.
+"""Where every value of a graph came from: fiddle's argument history, labelled and printed.
 
 - `labelled(label)`: values set inside the block are recorded in fiddle's argument history
   with a label: `command line: set:PATH=VALUE`, `fiddler:tiny (experiments/x.py:80)`,
@@ -6,10 +6,8 @@
 - `format_provenance(graph)`: the flattened graph (`rlhf show`, `--print_graph`), one line
   per value with where it was set: the experiment's file:line, a fiddler, a gin file:line,
   the command line, or `default` (the signature's).
-- `diff_graphs(a, b)` / `format_diff`: the changed leaves of two graphs (`rlhf diff`), on
-  `graph_io.flatten` (defaults materialized, so an explicit default is no change).
-- `load_run_graph(repo, run)`: the stage graph an Aim run stored (`graph_json`);
-  `rerun(run)` runs it again as a one-stage experiment (`rlhf rerun`).
+
+How two graphs differ is `rlhf.graph.diff`; running a stored run's graph again is `rlhf.cli.rerun`.
 """
 
 from __future__ import annotations
@@ -19,12 +17,13 @@ import dataclasses
 import enum
 import inspect
 import os
-import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import fiddle as fdl
 from fiddle import history
+
+from rlhf.graph.typecheck import describe, parameter_hints
 
 _FIDDLE_DIR = os.path.dirname(fdl.__file__)
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -118,8 +117,6 @@ def _nested(container: Any) -> bool:
 
 def _arguments(node: fdl.Buildable) -> Iterator[tuple[str, str, Any, str]]:
     """(name, where, value, ": annotation") per argument: signature order, then extra kwargs."""
-    from rlhf.config.typecheck import parameter_hints
-
     signature = node.__signature_info__.signature
     arguments = node.__arguments__
     hints = parameter_hints(fdl.get_callable(node))
@@ -158,8 +155,6 @@ def _where(node: fdl.Buildable, name: str) -> str:
 
 def _annotation(param: inspect.Parameter | None, resolved: Any = None) -> str:
     """`: int > 0` (the type with its range markers, `rlhf.ranges`), or the annotation's text."""
-    from rlhf.config.typecheck import describe
-
     if param is None or param.annotation is param.empty:
         return ""
     ann = param.annotation
@@ -198,134 +193,3 @@ def _short_path(filename: str) -> str:
     except ValueError:
         return filename
     return rel if not rel.startswith("..") else filename
-
-
-# --------------------------------------------------------------------------- diff
-@dataclasses.dataclass(frozen=True)
-class Change:
-    """One leaf that differs: `old`/`new` is `MISSING` where one graph lacks the path."""
-
-    path: str
-    old: Any
-    new: Any
-
-
-class _Missing:
-    def __repr__(self) -> str:
-        return "<absent>"
-
-
-MISSING = _Missing()
-
-
-def diff_graphs(a: Any, b: Any) -> list[Change]:
-    """The leaves (of `graph_io.flatten`, defaults materialized) whose values differ, by path."""
-    from rlhf.config.graph_io import flatten
-
-    flat_a, flat_b = flatten(a), flatten(b)
-    changes = []
-    for path in sorted(set(flat_a) | set(flat_b)):
-        old, new = flat_a.get(path, MISSING), flat_b.get(path, MISSING)
-        if old is MISSING or new is MISSING or not _same(old, new):
-            changes.append(Change(path, old, new))
-    return changes
-
-
-def _same(a: Any, b: Any) -> bool:
-    return type(a) is type(b) and a == b
-
-
-def format_diff(changes: Sequence[Change], a_name: str = "A", b_name: str = "B") -> str:
-    """`- path: old` / `+ path: new` lines, like a unified diff of the flattened graphs."""
-    if not changes:
-        return f"no differences between {a_name} and {b_name}"
-    lines = [f"--- {a_name}", f"+++ {b_name}"]
-    for c in changes:
-        if c.new is MISSING:
-            lines.append(f"- {c.path}: {c.old!r}")
-        elif c.old is MISSING:
-            lines.append(f"+ {c.path}: {c.new!r}")
-        else:
-            lines.append(f"~ {c.path}: {c.old!r} -> {c.new!r}")
-    return "\n".join(lines)
-
-
-# --------------------------------------------------------------------------- stored runs
-def find_run(repo: str, run: str) -> dict[str, Any]:
-    """The run of `repo` whose hash is `run` (or starts with it), as `query.find_runs` gives it."""
-    from rlhf.tracking.query import find_runs
-
-    if not os.path.isdir(repo):
-        raise FileNotFoundError(f"no Aim repo at {repo!r} (pass --repo DIR, the folder holding .aim)")
-    matches = [r for r in find_runs(repo) if r["hash"].startswith(run)]
-    if not matches:
-        raise LookupError(f"no run {run!r} in the Aim repo {repo!r} (list them with `aim runs ls --repo {repo}`)")
-    if len(matches) > 1:
-        raise LookupError(f"{run!r} is the start of {len(matches)} run hashes: {', '.join(r['hash'] for r in matches)}")
-    (found,) = matches
-    if not isinstance(found["params"].get("graph_json"), str):
-        raise LookupError(f"run {found['hash']} stored no graph_json (was it started by rlhf, and closed?)")
-    return found
-
-
-def load_run_graph(repo: str, run: str) -> tuple[fdl.Buildable, dict[str, Any]]:
-    """(the stage graph the run stored, the run) for a run hash or hash prefix."""
-    from rlhf.config.graph_io import from_json
-
-    found = find_run(repo, run)
-    _importable_experiments()
-    return from_json(found["params"]["graph_json"]), found
-
-
-def _importable_experiments() -> None:
-    """Callables defined in experiment files live in modules named after the file (`arithmetic_tiny`)."""
-    for folder in (os.getcwd(), os.path.join(os.getcwd(), "experiments")):
-        if os.path.isdir(folder) and folder not in sys.path:
-            sys.path.append(folder)
-
-
-def rerun_graph(
-    repo: str, run: str, *, local: bool = False, output_dir: str = "outputs", commands: Sequence[str] = ()
-) -> tuple[fdl.Config, dict[str, Any]]:
-    """The one-stage Experiment that runs a stored run's stage graph again, and the run.
-
-    The stored graph is the stage graph after `StageOutput`s were resolved (an RL stage stores
-    the concrete SFT checkpoint path), so it runs on its own. The runtime is not stored with a
-    run: `local=True` runs in-process (LocalRuntime), else on Ray. `commands` are `set:`
-    overrides applied on top (e.g. `set:stages.grpo.total_steps=3`).
-    """
-    from rlhf.config.overrides import OverrideError, apply_set
-    from rlhf.runtime.experiment import Experiment
-    from rlhf.runtime.local import LocalRuntime
-    from rlhf.runtime.ray_runtime import RayRuntime
-    from rlhf.tracking.aim_tracker import AimTracker
-
-    stage_graph, found = load_run_graph(repo, run)
-    stage = found["params"].get("stage") or "stage"
-    name = found["experiment"] or "rerun"
-    with labelled(f"rerun of {found['hash']}", with_caller=False):
-        root = fdl.Config(
-            Experiment,
-            name=name,
-            stages={stage: stage_graph},
-            runtime=fdl.Config(LocalRuntime if local else RayRuntime),
-            tracker=fdl.Config(AimTracker, repo=repo, experiment=name),
-            output_dir=output_dir,
-        )
-    for command in commands:
-        if not command.startswith("set:"):
-            raise OverrideError(f"rerun takes set:PATH=VALUE overrides only, got {command!r}")
-        apply_set(root, command.removeprefix("set:"))
-    return root, found
-
-
-def rerun(
-    run: str, repo: str = ".aim", *, local: bool = False, output_dir: str = "outputs", commands: Sequence[str] = ()
-) -> dict[str, dict[str, Any]]:
-    """Run a stored run's stage graph again; the new Aim run records `rerun_of` = the old hash."""
-    from rlhf.runtime.experiment import run_experiment
-
-    root, found = rerun_graph(repo, run, local=local, output_dir=output_dir, commands=commands)
-    return run_experiment(
-        root, overrides=[f"rerun:{found['hash']}", *commands], run_params={"rerun_of": found["hash"]}
-    )

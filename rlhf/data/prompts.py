@@ -203,7 +203,7 @@ class PromptDataset:
             yield self.collate(indices)
 
 
-PromptDataset.preflight.wants_values = True  # type: ignore[attr-defined]  (see rlhf.config.validate)
+PromptDataset.preflight.wants_values = True  # type: ignore[attr-defined]  (see rlhf.runtime.preflight_hooks)
 
 
 def collate_prompts(

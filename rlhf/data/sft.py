@@ -314,7 +314,7 @@ class SFTDataset:
             yield self.collate(range(start, min(start + batch_size, len(self))))
 
 
-SFTDataset.preflight.wants_values = True  # type: ignore[attr-defined]  (see rlhf.config.validate)
+SFTDataset.preflight.wants_values = True  # type: ignore[attr-defined]  (see rlhf.runtime.preflight_hooks)
 
 
 def load_sft_rows(
@@ -328,7 +328,7 @@ def load_sft_rows(
 
 
 def _preflight(arguments: Mapping) -> None:
-    """Read and check the file before any stage starts (see rlhf.config.validate); the result is cached."""
+    """Read and check the file before any stage starts (see rlhf.runtime.preflight_hooks); the result is cached."""
     if isinstance(arguments.get("path"), str):
         load_sft_rows(arguments["path"], cache_dir=arguments.get("cache_dir"), num_proc=arguments.get("num_proc"))
 

@@ -28,7 +28,7 @@ from rlhf.batch import Batch
 from rlhf.choices import check_choice
 from rlhf.data.arrow import BAD, BLANK, OK, OnError, RowKind, builder_for, canonical_json, normalize_row
 from rlhf.data.files import _check_readable, parse_jsonl_line
-from rlhf.data.prompts import Overlong, _check_settings
+from rlhf.data.prompts import Overlong, _check_settings, collate_prompts, truncate_ids
 from rlhf.data.schema import DataError
 from rlhf.data.tokenize import chat_prompt_ids_batch
 
@@ -163,8 +163,6 @@ class StreamingPromptDataset:
     # ----------------------------------------------------------- batches
     def _prompts(self, examples: Iterator[Mapping], start: int) -> Iterator[tuple[int, dict, list[int], int]]:
         """(position in the stream after this row, row, ids, row index) of each kept row, tokenised a chunk at a time."""
-        from rlhf.data.prompts import truncate_ids
-
         position = start
         while True:
             chunk, read = [], 0
@@ -245,8 +243,6 @@ class StreamingPromptDataset:
             yield self._collate(batch)
 
     def _collate(self, batch: list[tuple[dict, list[int], int]]) -> Batch:
-        from rlhf.data.prompts import collate_prompts
-
         rows, ids, indices = zip(*batch)
         return collate_prompts([f"{self.name}-{i}" for i in indices], list(rows), list(ids),
                                self.tokenizer.pad_token_id, self.raw_prompt)

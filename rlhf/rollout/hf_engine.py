@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
+from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.rollout.decode import sample
 from rlhf.rollout.engine import NamedTensors, position_ids_from_mask, rollout_batch
 from rlhf.rollout.sampling import SamplingParams
@@ -47,8 +48,6 @@ class HFEngine:
         max_rows_per_call: int | None = None,  # responses per decode call, whole prompt groups (at least one); None: all
         check_every: int | None = None,  # decoding steps between host checks for EOS; None: decode.default_check_every
     ):
-        from rlhf.models.loading import load_causal_lm, load_tokenizer
-
         model = load_causal_lm(model_path, dtype=dtype).to(device).eval()
         self._setup(model, load_tokenizer(model_path), use_generate, lean, max_rows_per_call, check_every)
         self.shares_weights = False

@@ -22,12 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import fiddle as fdl
-from fiddle import daglish
 
-from rlhf.config.graph_io import graph_hash
+from rlhf.graph.io import graph_hash
+from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import bind_groups, compile_graph
-from rlhf.runtime.remote import StageOutput
+from rlhf.runtime.preflight import preflight
 from rlhf.runtime.run_record import RunRecord
+from rlhf.runtime.stages import resolve_stage_outputs, stage_references
+from rlhf.tracking.lineage import lineage_params
 from rlhf.trainers.context import StageContext
 
 log = logging.getLogger(__name__)
@@ -64,42 +66,6 @@ class _NoRun:
         return False
 
 
-def stage_references(graph: Any) -> list[StageOutput]:
-    """The `StageOutput` nodes of a graph, in traversal order."""
-    refs: list[StageOutput] = []
-
-    def visit(value: Any, state: daglish.State) -> Any:
-        if isinstance(value, fdl.Buildable) and fdl.get_callable(value) is StageOutput:
-            refs.append(fdl.build(value))
-            return value
-        return state.map_children(value)
-
-    daglish.MemoizedTraversal.run(visit, graph)
-    return refs
-
-
-def resolve_stage_outputs(graph: Any, results: Mapping[str, Mapping[str, Any]], stage: str) -> Any:
-    """`graph` with every `StageOutput` replaced by the value an earlier stage returned."""
-
-    def swap(value: Any, state: daglish.State) -> Any:
-        if isinstance(value, fdl.Buildable) and fdl.get_callable(value) is StageOutput:
-            ref = fdl.build(value)
-            if ref.stage not in results:
-                raise ValueError(
-                    f"stage {stage!r} uses the output {ref.key!r} of stage {ref.stage!r}, which has not run "
-                    f"before it (stages run in order: {list(results)} so far). Reorder the stages."
-                )
-            if ref.key not in results[ref.stage]:
-                raise ValueError(
-                    f"stage {stage!r} uses output {ref.key!r} of stage {ref.stage!r}, which returned only "
-                    f"{sorted(results[ref.stage])}"
-                )
-            return results[ref.stage][ref.key]
-        return state.map_children(value)
-
-    return daglish.MemoizedTraversal.run(swap, graph)
-
-
 def run_experiment(
     graph: fdl.Config,
     overrides: Sequence[str] = (),
@@ -113,18 +79,15 @@ def run_experiment(
     """Run the stages of an Experiment graph in order; returns each stage's result (+ run hash).
 
     `run_params` are added to every stage's tracking run (a sweep's `sweep` params), and `tags`
-    tag each run. Before anything starts, `rlhf.config.checks.validate` checks the graph, calls
-    the components' preflight hooks and, for a named run that exists, compares the graph with
-    the one it was started with; it raises one PreflightError naming every problem.
+    tag each run. Before anything starts, the preflight (`rlhf.runtime.preflight.preflight`) checks
+    the graph, calls the components' preflight hooks and, for a named run that exists, compares
+    the graph with the one it was started with; it raises one PreflightError naming every problem.
     `allow_changes` continues a named run whose graph changed in ways other than its model or
     algorithm (recorded in `experiment.json` and in each stage's Aim run as `invocations`).
     """
-    from rlhf.config.checks import validate
-    from rlhf.runtime.local import LocalRuntime
-
     if fdl.get_callable(graph) is not Experiment:
         raise TypeError(f"the root of an experiment graph must be fdl.Config(Experiment, ...), got {graph!r}")
-    validate(graph, stages, allow_changes=allow_changes)
+    preflight(graph, stages, allow_changes=allow_changes)
     resumable = graph.run_name is not None
     run_folder = graph.run_name or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_root = Path(graph.output_dir) / graph.name / run_folder
@@ -248,8 +211,6 @@ def _write_json(path: Path, data: Mapping[str, Any]) -> None:
 
 
 def _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash) -> dict[str, Any]:
-    from rlhf.tracking.lineage import lineage_params
-
     params = lineage_params(
         graph=graph,
         overrides=overrides,

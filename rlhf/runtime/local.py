@@ -13,7 +13,7 @@ from typing import Any
 import fiddle as fdl
 import torch
 
-from rlhf.config.graph_io import from_json
+from rlhf.graph.io import from_json
 from rlhf.runtime.group import WorkerGroup
 from rlhf.runtime.plan import GroupSpec, Plan
 

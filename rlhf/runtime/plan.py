@@ -15,7 +15,7 @@ from typing import Any
 import fiddle as fdl
 from fiddle import daglish
 
-from rlhf.config.graph_io import from_json, to_json
+from rlhf.graph.io import from_json, to_json
 from rlhf.runtime.remote import GroupRef, Remote, StageOutput
 
 

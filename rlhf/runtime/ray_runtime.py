@@ -42,7 +42,7 @@ class _WorkerActor:
         torch.set_num_threads(num_threads)
         import fiddle as fdl
 
-        from rlhf.config.graph_io import from_json
+        from rlhf.graph.io import from_json
 
         self.worker = fdl.build(from_json(worker_json))
 

@@ -29,8 +29,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from rlhf.config.graph_io import flatten, graph_hash
-from rlhf.config.provenance import MISSING, Change
+from rlhf.graph.diff import Change, diff_flat
+from rlhf.graph.io import flatten, graph_hash
+from rlhf.runtime.stages import stage_references
 
 RECORD = "experiment.json"
 RESULT = "result.json"  # a finished stage's result (the runner writes it)
@@ -66,15 +67,6 @@ def _fingerprint(stage_graph: Any) -> dict[str, Any]:
     return {"graph_hash": graph_hash(stage_graph), "graph": flat}
 
 
-def _diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Change]:
-    out = []
-    for path in sorted(set(old) | set(new)):
-        a, b = old.get(path, MISSING), new.get(path, MISSING)
-        if a is MISSING or b is MISSING or type(a) is not type(b) or a != b:
-            out.append(Change(path, a, b))
-    return out
-
-
 def format_change(change: Change) -> str:
     return f"{change.path}: {change.old!r} -> {change.new!r}"
 
@@ -105,15 +97,13 @@ class RunRecord:
                 if old.get("graph_hash") == graph_hash(graph.stages[name]):
                     out.append(StageDiff(name, [], []))
                     continue
-                changes = _diff(old.get("graph", {}), _fingerprint(graph.stages[name])["graph"])
+                changes = diff_flat(old.get("graph", {}), _fingerprint(graph.stages[name])["graph"])
                 out.append(StageDiff(name, [c for c in changes if _is_identity(c)],
                                      [c for c in changes if not _is_identity(c)]))
         return out
 
     def problems(self, graph: Any, stages: Sequence[str], allow_changes: bool = False) -> list[str]:
         """Why this invocation cannot continue the run (empty when it can)."""
-        from rlhf.runtime.experiment import stage_references
-
         problems = []
         where = str(self.folder)
         new_name = f"--config \"set:run_name='{Path(where).name}-2'\""
@@ -139,7 +129,7 @@ class RunRecord:
         for name in order:
             if name not in started or name in continued:
                 continue
-            upstream = _upstream(graph, name, stage_references)
+            upstream = _upstream(graph, name)
             for changed in sorted(upstream & continued):
                 problems.append(
                     f"stage {name!r} of the run in {where} started from the output of stage {changed!r}, which "
@@ -195,7 +185,7 @@ class RunRecord:
         os.replace(tmp, self.path)
 
 
-def _upstream(graph: Any, stage: str, stage_references: Any) -> set[str]:
+def _upstream(graph: Any, stage: str) -> set[str]:
     """The stages whose outputs `stage` uses, directly or through other stages."""
     seen: set[str] = set()
     todo = [stage]

@@ -6,7 +6,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rlhf.config import graph_io
+from rlhf.graph import io as graph_io
 
 __all__ = ["git_info", "lineage_params"]
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from rlhf.workers.training import atomic_write_dir
+from rlhf.io.atomic import atomic_write_dir
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "MANIFEST.json"

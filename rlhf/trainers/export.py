@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
+from rlhf.io.atomic import atomic_write_dir
 from rlhf.trainers.checkpoint import CheckpointManager
-from rlhf.workers.training import atomic_write_dir
 
 
 def _policy_folder(checkpoint: Path) -> Path:

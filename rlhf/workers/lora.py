@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf.workers.training import atomic_write_dir
+from rlhf.io.atomic import atomic_write_dir
 
 # Qwen2/Llama attention and MLP projections
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

@@ -226,7 +226,7 @@ class PolicyWorker:
 
     @staticmethod
     def preflight(arguments: dict) -> None:
-        """Before any stage runs (see rlhf.config.validate): every model path given as a string must
+        """Before any stage runs (see rlhf.runtime.preflight_hooks): every model path given as a string must
         resolve, and a trained policy must keep fp32 master weights."""
         if arguments.get("objective") is not None:
             check_trainable_precision("PolicyWorker", arguments.get("dtype", "float32"),
@@ -381,7 +381,7 @@ class PolicyWorker:
         if self.adapter is None:
             return self.trainer.save_pretrained(path, self.tokenizer)
         from rlhf.workers.lora import merged, save_adapter
-        from rlhf.workers.training import atomic_write_dir
+        from rlhf.io.atomic import atomic_write_dir
 
         model = self.trainer.unwrapped()  # DDP/CPU; under FSDP gather with accelerator.get_state_dict first
         if self.trainer.accelerator.is_main_process:

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import shutil
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -26,6 +23,7 @@ import numpy as np
 import torch
 
 from rlhf.batch import Batch
+from rlhf.io.atomic import atomic_write_dir
 from rlhf.models.loading import ModelSource
 from rlhf.workers.accelerator import make_accelerator
 from rlhf.workers.fsdp import FSDP, Strategy, build_sharded, full_tensor, is_sharded, resolve_strategy, shard_model
@@ -273,48 +271,6 @@ def _save_hf(model: torch.nn.Module, state: dict, tokenizer, folder: Path) -> No
     model.save_pretrained(folder, state_dict=state)
     if tokenizer is not None:
         tokenizer.save_pretrained(folder)
-
-
-def atomic_write_dir(path: str, write: Callable[[Path], None]) -> None:
-    """Write a folder under a temporary name, fsync its files, then rename it into place.
-
-    A crash (or a full disk) mid-write leaves any previous folder at `path` intact.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-    try:
-        write(tmp)
-        fsync_tree(tmp)
-        old = None
-        if target.exists():
-            old = target.with_name(f".{target.name}.old-{os.getpid()}")
-            os.rename(target, old)
-        os.rename(tmp, target)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-        _fsync_dir(target.parent)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-def fsync_tree(folder: Path) -> None:
-    for root, _, files in os.walk(folder):
-        for name in files:
-            fd = os.open(os.path.join(root, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        _fsync_dir(Path(root))
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _to_floats(values: list[Metric]) -> list[float]:

@@ -8,7 +8,7 @@ import fiddle as fdl
 import pytest
 from helpers import tiny_model_path
 
-from rlhf.config.validate import preflight_problems
+from rlhf.runtime.preflight_hooks import hook_problems
 from rlhf.data.arrow import rows_fingerprint, to_rows
 from rlhf.data.files import fingerprint_rows, read_rows, write_rows
 from rlhf.data.generators import arithmetic_rows, countdown_rows, gsm8k_like_rows
@@ -140,14 +140,14 @@ def test_every_prompt_too_long_fails_at_preflight_naming_the_file(tmp_path):
     tokenizer = fdl.Config(load_tokenizer, tiny_model_path())
     graph = fdl.Config(PromptDataset, rows=fdl.Config(load_rows, path=str(path)), tokenizer=tokenizer,
                        max_prompt_length=20)
-    (problem,) = preflight_problems(graph)
+    (problem,) = hook_problems(graph)
     assert f"{path}: every prompt is longer than max_prompt_length=20 tokens" in problem
     assert "Fix: raise max_prompt_length" in problem and len(problem.splitlines()) == 1
     graph.max_prompt_length = 512
-    assert preflight_problems(graph) == []
+    assert hook_problems(graph) == []
     sft = fdl.Config(SFTDataset, rows=fdl.Config(load_sft_rows, path=str(path)), tokenizer=tokenizer,
                      response=answer_from_extra_info, max_length=30)
-    (problem,) = preflight_problems(sft)
+    (problem,) = hook_problems(sft)
     assert f"{path}: every row of SFT dataset 'sft' is longer than max_length=30" in problem
 
 

@@ -8,7 +8,7 @@ import fiddle as fdl
 import pytest
 
 import rlhf_configs.common as common
-from rlhf.config.graph_io import from_json, graph_hash, to_json
+from rlhf.graph.io import from_json, graph_hash, to_json
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.plan import compile_graph
 

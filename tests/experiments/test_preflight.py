@@ -8,8 +8,8 @@ from pathlib import Path
 import fiddle as fdl
 import pytest
 
-from rlhf.config.cli import run_cli
-from rlhf.config.validate import PreflightError
+from rlhf.cli.experiment import run_cli
+from rlhf.runtime.preflight import PreflightError
 from rlhf.data.sources import load_rows
 from rlhf.runtime.experiment import run_experiment
 

@@ -14,7 +14,7 @@ from rlhf.runtime.remote import Remote
 from rlhf.tracking.aim_tracker import AimTracker
 
 if __name__ == "__main__":
-    from rlhf.config.cli import honour_interrupts
+    from rlhf.cli.signals import honour_interrupts
 
     honour_interrupts()
     aim, mode = sys.argv[1:3]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.config.cli import run_cli
+from rlhf.cli.experiment import run_cli
 
 ROOT = Path(__file__).parents[2]
 

@@ -19,7 +19,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from rlhf.config.validate import PreflightError
+from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import find_runs, metric_values
 from rlhf.trainers.records import read_records

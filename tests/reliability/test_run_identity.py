@@ -6,7 +6,7 @@ import json
 import fiddle as fdl
 import pytest
 
-from rlhf.config.validate import PreflightError
+from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.remote import StageOutput
 from identity_toys import CountStage, OtherCountStage, ReadStage

@@ -4,7 +4,7 @@ import pickle
 
 import pytest
 
-from rlhf.config.graph_io import graph_hash
+from rlhf.graph.io import graph_hash
 from rlhf.rewards import EXTRACTORS, RULES, SCORERS, default_extractors, default_scorers, gsm8k_answer, gsm8k_score
 from rlhf.rewards.math import MATH_SOURCES
 from rlhf.trainers.eval_job import EvalJob

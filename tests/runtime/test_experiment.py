@@ -3,7 +3,7 @@
 import fiddle as fdl
 import pytest
 
-from rlhf.config.validate import PreflightError
+from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote, StageOutput

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rlhf.batch import Batch
-from rlhf.config.graph_io import from_json
+from rlhf.graph.io import from_json
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.runtime.remote import GroupRef, Remote

@@ -10,7 +10,7 @@ import threading
 import fiddle as fdl
 import pytest
 
-from rlhf.config import graph_io
+from rlhf.graph import io as graph_io
 from rlhf.tracking import query
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.tracking.lineage import lineage_params

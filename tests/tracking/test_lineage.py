@@ -9,7 +9,7 @@ import subprocess
 import fiddle as fdl
 import pytest
 
-from rlhf.config import graph_io
+from rlhf.graph import io as graph_io
 from rlhf.tracking.lineage import git_info, lineage_params
 
 needs_git = pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")

@@ -10,7 +10,7 @@ from safetensors.torch import load_file
 
 from rlhf.algos import GAE, GRPO, RLOO, DynamicSamplingAccumulator, OptimalTokenBaseline, ReMax
 from rlhf.algos.requirements import NEEDS
-from rlhf.config.checks import check_experiment
+from rlhf.runtime.preflight import check_experiment
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer

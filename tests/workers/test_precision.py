@@ -5,7 +5,7 @@ import fiddle as fdl
 import pytest
 import torch
 
-from rlhf.config.validate import preflight_problems
+from rlhf.runtime.preflight_hooks import hook_problems
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.policy import PolicyWorker
@@ -85,6 +85,6 @@ def test_float16_training_and_unknown_dtypes_are_refused():
 def test_preflight_names_the_graph_path_before_any_model_loads():
     graph = fdl.Config(dict, policy=fdl.Config(PolicyWorker, model_path="/nonexistent/model",
                                                 objective=fdl.Config(PolicyObjective), dtype="bfloat16"))
-    problems = preflight_problems(graph)
+    problems = hook_problems(graph)
     assert len(problems) == 1
     assert problems[0].startswith("- at .policy: PolicyWorker.dtype='bfloat16'") and "compute_dtype" in problems[0]

@@ -11,7 +11,7 @@ import fiddle as fdl
 import pytest
 import torch
 
-from rlhf.config.typecheck import annotation_problems, describe, violation
+from rlhf.graph.typecheck import annotation_problems, describe, violation
 from rlhf.ranges import Interval, MultipleOf, NonNegativeInt, OpenUnitInterval, PositiveFloat, PositiveInt
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.remote import Remote

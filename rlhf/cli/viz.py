@@ -7,6 +7,7 @@ Graphviz's `dot` program is installed (Debian/Ubuntu: `apt-get install graphviz`
 
 from __future__ import annotations
 
+import argparse
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,7 +15,11 @@ from typing import Any
 
 import fiddle as fdl
 
-__all__ = ["DOT_MISSING", "write_viz"]
+from rlhf.cli.experiment import experiment_graph
+from rlhf.runtime.plan import compile_graph
+from rlhf.runtime.preflight import batch_arithmetic, batch_table
+
+__all__ = ["DOT_MISSING", "viz_main", "write_viz"]
 
 DOT_MISSING = (
     "Graphviz's `dot` program is not installed, so only .dot files were written. Install it "
@@ -25,10 +30,7 @@ DOT_MISSING = (
 
 def write_viz(graph: Any, out_dir: str | Path, stages: Sequence[str] | None = None) -> tuple[list[Path], bool]:
     """Write the stage pictures and plan.txt to `out_dir`; returns (files written, whether SVGs were made)."""
-    from fiddle import graphviz as fiddle_graphviz
-
-    from rlhf.config.checks import batch_arithmetic, batch_table
-    from rlhf.runtime.plan import compile_graph
+    from fiddle import graphviz as fiddle_graphviz  # imports the graphviz package (~1 s): only for pictures
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -59,3 +61,19 @@ def write_viz(graph: Any, out_dir: str | Path, stages: Sequence[str] | None = No
 
 def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def viz_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="rlhf viz", description="Write each stage graph as SVG/DOT and the Plan as text.")
+    p.add_argument("experiment")
+    p.add_argument("--out", required=True, help="folder for <stage>.svg, <stage>.dot, plan.txt")
+    p.add_argument("--config", action="append", default=[], metavar="CMD")
+    p.add_argument("--stages", default=None, help="comma-separated stages (default: all)")
+    args = p.parse_args(argv)
+    graph = experiment_graph(args.experiment, args.config)
+    files, have_dot = write_viz(graph, args.out, args.stages.split(",") if args.stages else None)
+    for f in files:
+        print(f"wrote {f}")
+    if not have_dot:
+        print(DOT_MISSING)
+    return 0

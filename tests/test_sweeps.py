@@ -9,11 +9,11 @@ import pytest
 import sweep_toy_experiment as toy
 
 import rlhf
-from rlhf.config.cli import run_cli
+from rlhf.cli.experiment import run_cli
 from rlhf.config.overrides import OverrideError
 from rlhf.config.provenance import format_provenance
-from rlhf.config.sweeps import SweepError, expand, sweep_members
-from rlhf.config.validate import PreflightError
+from rlhf.sweeps import SweepError, expand, sweep_members
+from rlhf.runtime.preflight import PreflightError
 from rlhf.tracking.query import find_runs, metric_values
 
 

@@ -1,7 +1,17 @@
-"""Checks of an experiment graph before anything starts; every message says what to change.
+"""The preflight: every check of an experiment graph before anything starts; each message says what to change.
 
-`check_experiment(graph, stages)` finds, in the stages that will run:
+One mechanism, one entry point: `preflight(graph, stages)` raises one `PreflightError` listing
+every problem (and logs the warnings), or returns the `Report`. The experiment runner
+(`rlhf.runtime.experiment.run_experiment`) calls it before any stage starts, so every way of
+running a graph is checked; callers may run it earlier to stop sooner (`--print_plan`, a sweep
+checking all its members before the first runs). `preflight_report` gives the same problems
+without raising (a sweep labels them by member).
 
+What it checks, in the stages that will run:
+
+- every configured value against its parameter's annotation and range markers
+  (`rlhf.graph.typecheck`; `Annotated[int, Positive]` from `rlhf.ranges`); the other checks
+  run only on a well-typed graph;
 - required arguments that are not set (a `fdl.Config` whose callable needs an argument the
   graph does not give; a `fdl.Partial` may leave arguments to its caller);
 - resources the machine cannot give: GPUs asked for where there are none, more CPUs than a
@@ -12,15 +22,15 @@
 - batch arithmetic that does not divide: samples per step over the data-parallel workers
   (`PolicyWorker.update` is `@shard_exact`: a padded row would train twice), each worker's
   rows over its mini-batches. Micro-batches that do not divide are only a warning (they change
-  memory use, not the update).
+  memory use, not the update);
+- for a named run that exists, the graph against the one it was started with
+  (`rlhf.runtime.run_record`);
+- the components' own `preflight` hooks (`rlhf.runtime.preflight_hooks`: missing model folder
+  or data file, bad rows).
 
-Before those, every configured value is checked against its parameter's annotation and range
-markers (`rlhf.config.typecheck`; `Annotated[int, Positive]` from `rlhf.ranges`); the other
-checks run only on a well-typed graph.
-
-`validate(graph, stages)` adds the components' own `preflight` hooks (`rlhf.config.validate`)
-and raises one `PreflightError` listing every problem; `run_experiment` calls it first.
-`batch_table(graph)` is the batch arithmetic per RL/SFT stage, printed at start-up.
+`check_experiment(graph, stages)` is the graph part alone (no hooks, no run record: cheap and
+without reading files); `batch_table(batches)` is the batch arithmetic per RL/SFT stage,
+printed at start-up.
 """
 
 from __future__ import annotations
@@ -33,14 +43,42 @@ from collections.abc import Sequence
 from typing import Any
 
 import fiddle as fdl
+import torch
 from fiddle import daglish
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
-from rlhf.config.typecheck import annotation_problems
-from rlhf.config.validate import PreflightError, preflight_problems
+from rlhf.algos.requirements import reference_problems, setup_problems
+from rlhf.graph.typecheck import annotation_problems
+from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.plan import compile_graph
+from rlhf.runtime.preflight_hooks import hook_problems
+from rlhf.runtime.ray_runtime import RayRuntime
+from rlhf.runtime.remote import Remote, StageOutput
+from rlhf.runtime.run_record import RunRecord, run_folder
+from rlhf.trainers.rl import RLTrainer
+from rlhf.trainers.sft import SFTTrainer
+from rlhf.workers.policy import PolicyWorker
 
-__all__ = ["BatchArithmetic", "Report", "batch_arithmetic", "batch_table", "check_experiment", "validate"]
+__all__ = [
+    "BatchArithmetic",
+    "PreflightError",
+    "Report",
+    "batch_arithmetic",
+    "batch_table",
+    "check_experiment",
+    "gpu_count",
+    "preflight",
+    "preflight_report",
+    "runtime_kind",
+]
 
 log = logging.getLogger(__name__)
+
+
+class PreflightError(ValueError):
+    """One or more parts of the graph cannot run; the message lists each problem."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +126,7 @@ class Report:
     complete: bool = True  # False: the checks stopped at missing or ill-typed values (listed in errors)
 
 
-def validate(
+def preflight(
     graph: Any,
     stages: Sequence[str] | None = None,
     *,
@@ -96,26 +134,38 @@ def validate(
     gpus: int | None = None,
     allow_changes: bool = False,
 ) -> Report:
-    """`check_experiment`, every component's `preflight` hook, and, for a named run that exists,
-    the comparison with what it was started with (`rlhf.runtime.run_record`; `allow_changes`
-    accepts changes other than the model or algorithm). Raises one `PreflightError` listing all
-    problems, logs the warnings, and returns the report."""
-    report = check_experiment(graph, stages, cpus=cpus, gpus=gpus)
-    problems = [f"- {e}" for e in report.errors]
-    if not report.complete:
-        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
-    problems += [f"- {p}" for p in _run_record_problems(graph, stages, allow_changes)]
-    problems += preflight_problems(graph)
-    if problems:
-        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
+    """Every check (see the module docstring) of the stages that will run (`stages`; None: all).
+
+    Raises one `PreflightError` listing all problems, logs the warnings, and returns the report.
+    `cpus`/`gpus` are what this machine has (default: `os.cpu_count()`, CUDA devices);
+    `allow_changes` accepts changes to a named run other than its model or algorithm.
+    """
+    report = preflight_report(graph, stages, cpus=cpus, gpus=gpus, allow_changes=allow_changes)
+    if report.errors:
+        raise PreflightError("the experiment cannot start:\n" + "\n".join(f"- {e}" for e in report.errors))
     for warning in report.warnings:
         log.warning("warning: %s", warning)
     return report
 
 
-def _run_record_problems(graph: Any, stages: Sequence[str] | None, allow_changes: bool) -> list[str]:
-    from rlhf.runtime.run_record import RunRecord, run_folder
+def preflight_report(
+    graph: Any,
+    stages: Sequence[str] | None = None,
+    *,
+    cpus: int | None = None,
+    gpus: int | None = None,
+    allow_changes: bool = False,
+) -> Report:
+    """The problems `preflight` raises, as `report.errors`, without raising. On a graph with missing
+    or ill-typed values (`report.complete` False) the run record and the hooks are not consulted."""
+    report = check_experiment(graph, stages, cpus=cpus, gpus=gpus)
+    if report.complete:
+        report.errors += _run_record_problems(graph, stages, allow_changes)
+        report.errors += [p.removeprefix("- ") for p in hook_problems(graph)]
+    return report
 
+
+def _run_record_problems(graph: Any, stages: Sequence[str] | None, allow_changes: bool) -> list[str]:
     folder = run_folder(graph) if isinstance(graph, fdl.Buildable) and hasattr(graph, "stages") else None
     if folder is None:
         return []
@@ -158,10 +208,6 @@ def batch_arithmetic(graph: Any, stages: Sequence[str] | None = None) -> list[Ba
 
 def batch_table(batches: Sequence[BatchArithmetic]) -> str:
     """One table, a row per stage: prompts, samples, workers, rows, mini- and micro-batches, steps."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="batch arithmetic per step", title_justify="left", box=box.SIMPLE_HEAD)
     for column in ("stage", "prompts", "x n", "samples", "DP workers", "rows/worker",
                    "mini-batches", "rows/mini-batch", "micro-batches", "optimizer steps"):
@@ -250,11 +296,8 @@ def _selected_stages(graph: Any, stages: Sequence[str] | None, report: Report) -
     return {k: v for k, v in all_stages.items() if k in stages}
 
 
-def _runtime(graph: Any) -> tuple[str, dict[str, Any]]:
-    """("local" | "ray" | "other", the runtime's arguments)."""
-    from rlhf.runtime.local import LocalRuntime
-    from rlhf.runtime.ray_runtime import RayRuntime
-
+def runtime_kind(graph: Any) -> tuple[str, dict[str, Any]]:
+    """("local" | "ray" | "other", the runtime's arguments) of an Experiment graph."""
     runtime = _get(graph, "runtime")
     if runtime is None or _is(runtime, LocalRuntime):
         return "local", {}
@@ -292,8 +335,6 @@ def _graph_nodes(graph: Any, selected: dict[str, Any]) -> list[tuple[fdl.Buildab
 
 
 def _check_stage_order(graph: Any, selected: dict[str, Any], report: Report) -> None:
-    from rlhf.runtime.remote import StageOutput
-
     order = list(dict(_get(graph, "stages") or {}))
     for name, stage in selected.items():
         for node, path in _nodes(stage, _stage_prefix(name)):
@@ -315,18 +356,16 @@ def _check_stage_order(graph: Any, selected: dict[str, Any], report: Report) -> 
 
 
 def _check_resources(graph: Any, name: str, stage: Any, report: Report, cpus: int | None, gpus: int | None) -> None:
-    from rlhf.runtime.plan import compile_graph
-
     try:
         plan = compile_graph(stage)
     except (TypeError, ValueError) as err:
         report.errors.append(f"stage {name!r}: {err}")
         return
-    kind, ray_args = _runtime(graph)
+    kind, ray_args = runtime_kind(graph)
     owners = [g for g in plan.groups.values() if not g.colocate_with]
     groups = ", ".join(f"{g.name}: {g.num_workers} x ({g.cpus_per_worker:g} CPU, {g.gpus_per_worker:g} GPU)"
                        for g in plan.groups.values())
-    machine_gpus = _gpu_count() if gpus is None else gpus
+    machine_gpus = gpu_count() if gpus is None else gpus
     machine_cpus = (os.cpu_count() or 1) if cpus is None else cpus
     on_cpu_fix = (f"On a CPU machine set gpus_per_worker=0: --config 'fiddler:gin(path=\"cpu.gin\")' "
                   f"(or set:{_cli_path(_stage_prefix(name))}.<group>.gpus_per_worker=0).")
@@ -365,9 +404,8 @@ def _check_resources(graph: Any, name: str, stage: Any, report: Report, cpus: in
         )
 
 
-def _gpu_count() -> int:
-    import torch
-
+def gpu_count() -> int:
+    """CUDA devices this process sees."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
@@ -378,11 +416,6 @@ def _callable_of(value: Any) -> Any:
 def _check_data_flow(name: str, stage: Any, report: Report) -> None:
     """The estimator/critic/sample-count/reference rules of `rlhf.algos.requirements` (the trainer reads
     the same rules), reported with the graph path to change."""
-    from rlhf.algos.requirements import reference_problems, setup_problems
-    from rlhf.runtime.remote import Remote
-    from rlhf.trainers.rl import RLTrainer
-    from rlhf.workers.policy import PolicyWorker
-
     for node, path in _nodes(stage, _stage_prefix(name)):
         where = _cli_path(path)
         problems = []
@@ -414,12 +447,8 @@ def _check_data_flow(name: str, stage: Any, report: Report) -> None:
 
 
 def _batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
-    from rlhf.runtime.remote import Remote
-    from rlhf.trainers.rl import RLTrainer
-    from rlhf.trainers.sft import SFTTrainer
-
     out = []
-    kind, _ = _runtime(graph)
+    kind, _ = runtime_kind(graph)
     for node, path in _nodes(stage, _stage_prefix(name)):
         if not (_is(node, RLTrainer) or _is(node, SFTTrainer)):
             continue

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from rlhf.config.graph_io import flatten, from_json, graph_hash, nest, to_json
+from rlhf.graph.io import flatten, from_json, graph_hash, nest, to_json
 
 FRACTIONS = st.floats(0.0, 1.0, allow_nan=False)
 # Every argument the toy graph may set explicitly, with the values a test may give it.
@@ -161,7 +161,7 @@ def test_lambdas_are_rejected():
 
 _HASH_IN_CHILD = (
     "import json, sys\n"
-    "from rlhf.config.graph_io import from_json, graph_hash\n"
+    "from rlhf.graph.io import from_json, graph_hash\n"
     "print(json.dumps([graph_hash(from_json(s)) for s in json.load(sys.stdin)]))\n"
 )
 

@@ -1,11 +1,13 @@
-"""Checks that run before any stage starts, so bad input fails in seconds, not mid-run.
+"""The components' own preflight hooks: one part of the preflight (`rlhf.runtime.preflight`).
 
 Any callable in a graph may carry a `preflight(arguments)` attribute (a plain function or
-staticmethod taking the node's arguments as a dict); `preflight(graph)` calls it for every
-node and reports every failure at once. Arguments that are still unresolved (`StageOutput`,
-sub-graphs) reach a hook as `fdl.Buildable`s: a hook checks only the values it can see. A hook
-with `wants_values = True` (a dataset that must read its rows with its tokenizer) gets the
-arguments that are loaders built first: sub-graphs whose callable has a preflight hook of its
+staticmethod taking the node's arguments as a dict); `hook_problems(graph)` calls it for every
+node and returns every failure at once (the preflight raises them with its other problems).
+Components opt in with a plain attribute: they import nothing from here, and no fiddle.
+
+Arguments that are still unresolved (`StageOutput`, sub-graphs) reach a hook as
+`fdl.Buildable`s: a hook checks only the values it can see. A hook with `wants_values = True`
+(a dataset that must read its rows with its tokenizer) gets the arguments that are loaders built first: sub-graphs whose callable has a preflight hook of its
 own (`load_rows`, `load_tokenizer`), so preflight reads them anyway. One that cannot be built
 now (a stage output, a missing file that its own hook reports) reaches it as the `fdl.Buildable`.
 """
@@ -17,18 +19,10 @@ from typing import Any
 import fiddle as fdl
 from fiddle import daglish
 
-
-class PreflightError(ValueError):
-    """One or more components of the graph cannot run; the message lists each problem."""
+__all__ = ["hook_problems"]
 
 
-def preflight(graph: Any) -> None:
-    problems = preflight_problems(graph)
-    if problems:
-        raise PreflightError("the experiment cannot start:\n" + "\n".join(problems))
-
-
-def preflight_problems(graph: Any) -> list[str]:
+def hook_problems(graph: Any) -> list[str]:
     """Every failing hook as a line `- at PATH: message` (empty when all pass)."""
     seen: set[int] = set()
     problems: list[str] = []

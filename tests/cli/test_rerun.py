@@ -6,8 +6,8 @@ import pytest
 import sweep_toy_experiment as toy
 
 from rlhf.cli import main
-from rlhf.config.graph_io import graph_hash
-from rlhf.config.provenance import load_run_graph, rerun, rerun_graph
+from rlhf.cli.rerun import load_run_graph, rerun, rerun_graph
+from rlhf.graph.io import graph_hash
 from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import find_runs
 

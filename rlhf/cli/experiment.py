@@ -1,23 +1,50 @@
 """The command line of an experiment file: `python experiments/x.py --config fiddler:tiny ...`.
 
-Every experiment ends with `if __name__ == "__main__": run_cli(sys.modules[__name__])`.
-Fiddlers are looked up in the experiment module first, then in `rlhf_configs.common`
-(shared ones such as `local` and `no_tracking`).
+Every experiment ends with `if __name__ == "__main__": run_cli(sys.modules[__name__])`
+(`rlhf run|plan|show x.py` load the file with `load_experiment` and do the same). Fiddlers are
+looked up in the experiment module first, then in `rlhf_configs.common` (shared ones such as
+`local` and `no_tracking`). Before a run, the preflight runs inside `run_experiment`;
+`--print_plan` runs the same preflight and stops.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import os
-import signal
 import sys
-import threading
 import types
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
+from rich.console import Console
+from rich.table import Table
+
+import rlhf_configs.common as common
+from rlhf.cli.signals import honour_interrupts
 from rlhf.config.overrides import OverrideError, apply_overrides
+from rlhf.config.provenance import format_provenance
+from rlhf.runtime.experiment import run_experiment
+from rlhf.runtime.plan import compile_graph, plan_model_path
+from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, preflight
+from rlhf.sweeps import SweepError, sweep_from_cli
+
+__all__ = ["build_graph", "experiment_graph", "format_results", "load_experiment", "run_cli"]
+
+
+def load_experiment(path: str) -> types.ModuleType:
+    """The experiment file at `path` as a module named after the file (the project root on `sys.path`)."""
+    file = Path(path)
+    if not file.is_file():
+        sys.exit(f"error: no experiment file {path!r} (e.g. experiments/arithmetic_tiny.py)")
+    sys.path.insert(0, str(file.resolve().parent.parent))  # the project root, for rlhf_configs
+    spec = importlib.util.spec_from_file_location(file.stem, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[file.stem] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _parser(prog: str) -> argparse.ArgumentParser:
@@ -45,16 +72,20 @@ def _parser(prog: str) -> argparse.ArgumentParser:
 
 
 def build_graph(module: types.ModuleType, commands: Sequence[str]) -> tuple[Any, list[str]]:
-    import rlhf_configs.common as common
-
+    """The graph of `module` after the `--config` commands; returns (graph, the fiddlers applied)."""
     return apply_overrides(commands, [module, common])
+
+
+def experiment_graph(path: str, commands: Sequence[str]) -> Any:
+    """The graph of the experiment file at `path` after `commands`; a bad override exits with its message."""
+    try:
+        return build_graph(load_experiment(path), commands)[0]
+    except OverrideError as err:
+        sys.exit(f"error: {path}: {err}")
 
 
 def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
     """The final table: per stage, its Aim run, its headline (validation) metrics, its checkpoint."""
-    from rich.console import Console
-    from rich.table import Table
-
     table = Table(title="results")
     def headline(name: str) -> bool:  # mean@n and pass@k (k > 1); maj/best@n and pass@1 repeat them for greedy runs
         return name.startswith("val-core/") and "/maj@" not in name and "/best@" not in name and not name.endswith("/pass@1")
@@ -73,28 +104,9 @@ def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
     return console.export_text()
 
 
-def honour_interrupts() -> None:
-    """Make SIGINT (Ctrl-C) stop this process even when it was started with SIGINT ignored.
-
-    A shell starts background jobs (`cmd &`, CI scripts) with SIGINT ignored, and Python then
-    installs no KeyboardInterrupt handler, so `rlhf ui` would never stop aim up and a sweep's
-    members would not close their runs as interrupted when asked to. Entry points call this
-    first; a handler someone installed on purpose is left alone.
-    """
-    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
 def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
+    """Parse `argv` (default: `sys.argv[1:]`), build the graph, and run, print or sweep it."""
     honour_interrupts()
-    import rlhf_configs.common as common
-    from rlhf.config.checks import batch_arithmetic, batch_table, validate
-    from rlhf.config.provenance import format_provenance
-    from rlhf.config.sweeps import SweepError, sweep_from_cli
-    from rlhf.config.validate import PreflightError
-    from rlhf.runtime.experiment import run_experiment
-    from rlhf.runtime.plan import compile_graph, plan_model_path
-
     args = _parser(os.path.basename(getattr(module, "__file__", "experiment"))).parse_args(argv)
     try:
         graph, fiddlers = build_graph(module, args.config)
@@ -112,7 +124,7 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
         return None
     if args.print_plan:  # the same preflight as a real run: a plan the run would refuse exits non-zero
         try:
-            report = validate(graph, stages, allow_changes=args.allow_changes)
+            report = preflight(graph, stages, allow_changes=args.allow_changes)
         except PreflightError as err:
             sys.exit(f"error: {err}")
         stage_models: dict[str, str] = {}  # stage -> the model it starts from (its output has that shape)

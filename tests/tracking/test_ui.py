@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.config.ui import aim64encode, latest_sweep, metrics_url, sweep_url
+from rlhf.tracking.ui import aim64encode, latest_sweep, metrics_url, sweep_url
 
 ROOT = Path(__file__).parents[2]
 

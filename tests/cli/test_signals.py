@@ -10,7 +10,7 @@ import pytest
 SLEEPER = """
 import sys, time
 if sys.argv[1] == "honour":
-    from rlhf.config.cli import honour_interrupts
+    from rlhf.cli.signals import honour_interrupts
     honour_interrupts()
 print("ready", flush=True)
 time.sleep(30)

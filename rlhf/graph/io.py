@@ -7,9 +7,13 @@
   elements come out in hash-seed order.
 - `flatten` / `nest`: every leaf as `{"stages.rl.policy.lr": 1e-6}`, and back to nested dicts, so
   Aim's UI can group runs by `run.params.graph.<path>`.
+- `make_experiments_importable`: a graph built by an experiment file names callables of a module
+  named after that file (`arithmetic_tiny.tiny_reward`); `from_json` in another process (a sweep
+  member, `rlhf rerun`) finds it when the working directory or its `experiments/` is on `sys.path`.
 
 `graph_hash` and `flatten` look at the graph with every defaulted argument materialized
 (`fdl.materialize_defaults` on a copy): setting an argument to its default changes neither.
+This module knows no components: only fiddle's graph types.
 """
 
 from __future__ import annotations
@@ -20,13 +24,15 @@ import enum
 import hashlib
 import json
 import math
+import os
+import sys
 from typing import Any
 
 import fiddle as fdl
 from fiddle import daglish
 from fiddle.experimental import serialization
 
-__all__ = ["to_json", "from_json", "graph_hash", "flatten", "nest"]
+__all__ = ["to_json", "from_json", "graph_hash", "flatten", "nest", "make_experiments_importable"]
 
 _PRIMITIVES = (bool, int, float, str, type(None))
 # Factories of dataclass fields that are called rather than named when defaults are materialized:
@@ -42,6 +48,14 @@ def to_json(cfg: fdl.Buildable) -> str:
 def from_json(s: str) -> fdl.Buildable:
     """Inverse of `to_json`: `from_json(to_json(cfg)) == cfg`, sharing included."""
     return serialization.load_json(s)
+
+
+def make_experiments_importable() -> None:
+    """Callables defined in experiment files live in modules named after the file (`arithmetic_tiny`):
+    put the working directory and its `experiments/` folder on `sys.path` so `from_json` finds them."""
+    for folder in (os.getcwd(), os.path.join(os.getcwd(), "experiments")):
+        if os.path.isdir(folder) and folder not in sys.path:
+            sys.path.append(folder)
 
 
 def graph_hash(cfg: Any) -> str:

@@ -48,16 +48,16 @@ from pathlib import Path
 from typing import Any
 
 import fiddle as fdl
+from rich import box
+from rich.console import Console
+from rich.table import Table
 
-from rlhf.config.overrides import (
-    OverrideError,
-    _did_you_mean,
-    _named_functions,
-    _parse_call,
-    _parse_path,
-    set_path,
-)
+from rlhf.config.overrides import OverrideError, did_you_mean, named_functions, parse_call, parse_path, set_path
 from rlhf.config.provenance import labelled
+from rlhf.graph.io import from_json, make_experiments_importable, nest, to_json
+from rlhf.runtime.experiment import run_experiment
+from rlhf.runtime.plan import compile_graph
+from rlhf.runtime.preflight import PreflightError, batch_table, check_experiment, gpu_count, preflight_report, runtime_kind
 
 __all__ = ["Member", "SweepError", "SweepResults", "expand", "sweep", "sweep_from_cli"]
 
@@ -179,13 +179,9 @@ def run_members(
     overrides: Sequence[str] = (),
     fiddlers: Sequence[str] = (),
 ) -> SweepResults:
-    from rlhf.config.checks import batch_table, check_experiment
-    from rlhf.config.validate import PreflightError, preflight_problems
-
-    problems, reports = [], [check_experiment(m.graph, stages) for m in members]
+    problems, reports = [], [preflight_report(m.graph, stages) for m in members]
     for m, report in zip(members, reports):
-        found = report.errors + [p.removeprefix("- ") for p in preflight_problems(m.graph)]
-        problems += [f"- member {m.index} ({m.label}): {p}" for p in found]
+        problems += [f"- member {m.index} ({m.label}): {p}" for p in report.errors]
     if problems:
         raise PreflightError("the sweep cannot start:\n" + "\n".join(problems))
     sweep_id = members[0].sweep_id
@@ -229,8 +225,6 @@ def sweep_from_cli(
     name, members = sweep_members(namespaces, spec)
     expanded = expand(graph, members, name=name)
     if dry_run:
-        from rlhf.config.checks import batch_table, check_experiment
-
         previous = None
         for m in expanded:
             report = check_experiment(m.graph, stages)
@@ -246,11 +240,11 @@ def sweep_from_cli(
 def sweep_members(namespaces: Sequence[types.ModuleType], spec: str) -> tuple[str, list[Override]]:
     """(name, members) of `sweep:NAME(k=v)` / `NAME`, looked up like fiddlers."""
     body = spec.removeprefix("sweep:")
-    name, kwargs = _parse_call(body, "sweep")
-    functions = _named_functions(namespaces)
+    name, kwargs = parse_call(body, "sweep")
+    functions = named_functions(namespaces)
     if name not in functions:
         sweeps = [n for n, f in functions.items() if n.endswith("sweep")] or list(functions)
-        raise OverrideError(f"no sweep function {name!r}." + _did_you_mean(name, sweeps))
+        raise OverrideError(f"no sweep function {name!r}." + did_you_mean(name, sweeps))
     members = functions[name](**kwargs)
     if isinstance(members, (Mapping, str)) or not isinstance(members, Iterable):
         raise OverrideError(
@@ -262,10 +256,6 @@ def sweep_members(namespaces: Sequence[types.ModuleType], spec: str) -> tuple[st
 
 def format_sweep(members: Sequence[Member], results: Sequence[Mapping[str, Any] | None]) -> str:
     """A table: one row per member with its label, its runs and the last stage's headline metrics."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
     title = f"sweep {members[0].sweep_id}" if members else "sweep"
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD)
     metric_names = sorted({k for r in results if r for s in r.values() for k in s.get("metrics", {})
@@ -288,8 +278,6 @@ def format_sweep(members: Sequence[Member], results: Sequence[Mapping[str, Any] 
 
 # --------------------------------------------------------------------------- running
 def _run_here(members, stages, overrides, fiddlers) -> list[dict | None]:
-    from rlhf.runtime.experiment import run_experiment
-
     results: list[dict | None] = []
     for m in members:
         print(f"sweep {m.sweep_id}: member {m.index} ({m.label})", flush=True)
@@ -303,8 +291,6 @@ def _run_here(members, stages, overrides, fiddlers) -> list[dict | None]:
 
 
 def _run_in_processes(members, jobs, stages, overrides, fiddlers) -> list[dict | None]:
-    from rlhf.config.graph_io import to_json
-
     gpu_slots = _gpu_slots(members, jobs, stages)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([os.getcwd(), *[p for p in sys.path if p]]))
@@ -332,7 +318,7 @@ def _run_in_processes(members, jobs, stages, overrides, fiddlers) -> list[dict |
                 child_env = dict(env, CUDA_VISIBLE_DEVICES=",".join(slot)) if slot is not None else env
                 log = open(folder / "member.log", "w")
                 proc = subprocess.Popen(
-                    [sys.executable, "-m", "rlhf.config.sweeps", str(folder / "member.json")],
+                    [sys.executable, "-m", "rlhf.sweeps", str(folder / "member.json")],
                     stdout=log, stderr=subprocess.STDOUT, env=child_env, start_new_session=True,
                 )
                 running[m.index] = (proc, m, folder, log, slot)
@@ -375,9 +361,7 @@ def _parallelism(members: Sequence[Member], parallel: int, stages: Sequence[str]
     by_cpu = max(1, (os.cpu_count() or 1) // max(1, math.ceil(max(cpus))))
     capped = min(jobs, by_cpu)
     if max(gpus) > 0:
-        from rlhf.config.checks import _gpu_count
-
-        capped = min(capped, max(1, _gpu_count() // math.ceil(max(gpus))))
+        capped = min(capped, max(1, gpu_count() // math.ceil(max(gpus))))
     if capped < jobs:
         print(f"sweep: running {capped} members at a time instead of {jobs}: each asks for up to {max(cpus):g} CPUs "
               f"and {max(gpus):g} GPUs, this machine has {os.cpu_count()} CPUs")
@@ -386,10 +370,7 @@ def _parallelism(members: Sequence[Member], parallel: int, stages: Sequence[str]
 
 def _needs(graph: Any, stages: Sequence[str] | None) -> tuple[float, float]:
     """(CPUs, GPUs) one member holds at a time: its most demanding stage (one process for LocalRuntime)."""
-    from rlhf.config.checks import _runtime
-    from rlhf.runtime.plan import compile_graph
-
-    kind, _ = _runtime(graph)
+    kind, _ = runtime_kind(graph)
     cpus, gpus = 1.0, 0.0
     for name, stage in dict(fdl.ordered_arguments(graph, include_defaults=True).get("stages") or {}).items():
         if stages is not None and name not in stages:
@@ -409,11 +390,9 @@ def _gpu_slots(members, jobs, stages) -> list[list[str]]:
     gpus = max(_needs(m.graph, stages)[1] for m in members)
     if gpus <= 0:
         return []
-    from rlhf.config.checks import _gpu_count
-
     per = math.ceil(gpus)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    devices = visible.split(",") if visible else [str(i) for i in range(_gpu_count())]
+    devices = visible.split(",") if visible else [str(i) for i in range(gpu_count())]
     return [devices[i * per:(i + 1) * per] for i in range(min(jobs, len(devices) // per))]
 
 
@@ -450,11 +429,9 @@ def _describe(value: Any) -> Any:
 
 
 def _nested_overrides(overrides: Mapping[str, Any]) -> dict:
-    from rlhf.config.graph_io import nest
-
     flat = {}
     for path, value in overrides.items():
-        keys = _parse_path(path) if path != "fiddler" else ["fiddler"]
+        keys = parse_path(path) if path != "fiddler" else ["fiddler"]
         flat[".".join(str(k) for k in keys)] = _describe(value)
     return nest(flat)
 
@@ -465,7 +442,7 @@ def _label(overrides: Mapping[str, Any]) -> str:
         if path == "fiddler":
             parts.append(str(value))
             continue
-        key = str(_parse_path(path)[-1])
+        key = str(parse_path(path)[-1])
         parts.append(f"{key}={value!r}" if isinstance(value, str) else f"{key}={_describe(value)}")
     return ", ".join(parts) or "(base)"
 
@@ -477,11 +454,7 @@ def _indent(text: str) -> str:
 # --------------------------------------------------------------------------- child process
 def _member_main(spec_path: str) -> int:
     """Run one member from its spec (written by `_run_in_processes`)."""
-    from rlhf.config.graph_io import from_json
-    from rlhf.config.provenance import _importable_experiments
-    from rlhf.runtime.experiment import run_experiment
-
-    _importable_experiments()
+    make_experiments_importable()
     spec = json.loads(Path(spec_path).read_text())
     results = run_experiment(
         from_json(spec["graph_json"]),

@@ -10,8 +10,7 @@ import pytest
 
 import rlhf_configs.common as common
 from rlhf.algos import GAE, RLOO, ReinforcePlusPlus
-from rlhf.config.checks import batch_arithmetic, batch_table, check_experiment, validate
-from rlhf.config.validate import PreflightError
+from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, check_experiment, preflight
 from rlhf.runtime.ray_runtime import RayRuntime
 
 ROOT = Path(__file__).parents[2]
@@ -193,19 +192,19 @@ def test_stage_outputs_of_stages_that_do_not_run_first(arithmetic):
     assert "--stages names 'gpro'" in errors(arithmetic.base(), stages=["gpro"])[0]
 
 
-def test_validate_reports_checks_and_preflight_hooks_together(arithmetic, tmp_path):
+def test_preflight_reports_checks_and_hooks_together(arithmetic, tmp_path):
     graph = arithmetic.base()
     graph.stages["grpo"].sampling.n = 1
     graph.stages["sft"].policy.worker.model_path = str(tmp_path / "no-such-model")
     with pytest.raises(PreflightError) as err:
-        validate(graph, cpus=16, gpus=0)
+        preflight(graph, cpus=16, gpus=0)
     text = str(err.value)
     assert text.startswith("the experiment cannot start:")
     assert "GRPO compares the samples" in text and "no-such-model" in text
 
 
 def test_the_cli_prints_the_batch_table_with_the_plan(arithmetic, capsys):
-    from rlhf.config.cli import run_cli
+    from rlhf.cli.experiment import run_cli
 
     run_cli(arithmetic, ["--print_plan", "--config", "set:stages.grpo.prompts_per_step=4"])
     out = capsys.readouterr().out
@@ -214,7 +213,7 @@ def test_the_cli_prints_the_batch_table_with_the_plan(arithmetic, capsys):
 
 
 def test_the_cli_stops_with_the_message_before_running(arithmetic, tmp_path):
-    from rlhf.config.cli import run_cli
+    from rlhf.cli.experiment import run_cli
 
     with pytest.raises(SystemExit) as err:
         run_cli(arithmetic, ["--config", "set:stages.grpo.sampling.n=1", "--config", f"set:output_dir='{tmp_path}'"])

@@ -1,0 +1,112 @@
+"""The command line: the `rlhf` command (`main`) and an experiment file's own (`python experiments/x.py`).
+
+Nothing below this package parses arguments, prints results or loads experiment files. Modules:
+
+- here, `main`: `rlhf COMMAND ...`; each command's module is imported when the command runs, so
+  `rlhf serve` does not start up Ray or Aim.
+- `experiment`: `run_cli` (`python experiments/x.py --config ...`, `rlhf run|plan|show`),
+  `load_experiment` (an experiment file as a module), `build_graph`, `format_results`.
+- `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
+  pictures, a stored run's graph run again, Aim's UI).
+- `generate_eval`: `rlhf generate` and `rlhf eval`.
+- `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from rlhf.cli.signals import honour_interrupts
+
+USAGE = """usage: rlhf COMMAND ...
+
+  rlhf run  experiments/x.py [--config CMD ...]   run an experiment (same as python experiments/x.py)
+  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan
+  rlhf show experiments/x.py [--config CMD ...]   print the graph after overrides, and where each value was set
+  rlhf diff A B [--config CMD ...]                what differs between two experiments, JSON graphs or Aim runs
+  rlhf viz  experiments/x.py --out DIR            each stage graph as SVG (Graphviz) and the Plan as text
+  rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
+  rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
+  rlhf data prepare TASK --out DIR                write a dataset in verl's schema
+  rlhf export CKPT OUT                            a training checkpoint -> Hugging Face model folder
+  rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
+  rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
+  rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
+  rlhf eval MODEL --data FILE --n 8 [--out DIR]   generate, then score
+"""
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`rlhf COMMAND ...` (the console script); `argv` defaults to `sys.argv[1:]`."""
+    honour_interrupts()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command == "serve":  # rlhf serve MODEL [--host --port --api-key ...]: an OpenAI-compatible server
+        from rlhf.serve import main as serve
+
+        return serve(rest)
+    if command == "data":
+        if not rest or rest[0] != "prepare":
+            sys.exit("usage: rlhf data prepare TASK --out DIR")
+        from rlhf.data.prepare import main as prepare
+
+        return prepare(rest[1:])
+    if command == "export":
+        if len(rest) != 2:
+            sys.exit("usage: rlhf export CKPT OUT")
+        from rlhf.trainers.export import export_checkpoint
+
+        print(export_checkpoint(rest[0], rest[1]))
+        return 0
+    if command == "rollouts":
+        from rlhf.trainers.records import format_records, read_records
+
+        p = argparse.ArgumentParser(prog="rlhf rollouts show")
+        p.add_argument("action", choices=["show"])
+        p.add_argument("stage_dir", help="a stage folder: <output_dir>/<experiment>/<run>/<stage>")
+        p.add_argument("--step", type=int, default=None)
+        a = p.parse_args(rest)
+        try:
+            print(format_records(read_records(a.stage_dir, a.step)))
+        except FileNotFoundError as err:
+            sys.exit(f"error: {err}")
+        return 0
+    if command in ("run", "plan", "show"):
+        if not rest:
+            sys.exit(f"usage: rlhf {command} experiments/x.py [--config CMD ...]")
+        from rlhf.cli.experiment import load_experiment, run_cli
+
+        extra = {"plan": ["--print_plan"], "show": ["--print_graph"], "run": []}[command]
+        run_cli(load_experiment(rest[0]), rest[1:] + extra)
+        return 0
+    if command == "diff":
+        from rlhf.cli.diff import diff_main
+
+        return diff_main(rest)
+    if command == "viz":
+        from rlhf.cli.viz import viz_main
+
+        return viz_main(rest)
+    if command == "rerun":
+        from rlhf.cli.rerun import rerun_main
+
+        return rerun_main(rest)
+    if command == "ui":
+        from rlhf.cli.ui import ui_main
+
+        return ui_main(rest)
+    if command == "sft":  # rlhf sft MODEL --data FILE [--val FILE --steps --batch-size --lr --out --local]
+        from rlhf_configs.sft import main as sft
+
+        return sft(rest)
+    if command in ("generate", "eval"):
+        from rlhf.cli.generate_eval import eval_main, generate_main
+
+        return {"generate": generate_main, "eval": eval_main}[command](rest)
+    sys.exit(f"error: unknown command {command!r}\n\n{USAGE}")
+

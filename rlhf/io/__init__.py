@@ -1,0 +1,1 @@
+"""Writing files safely (`atomic`): below every package that writes checkpoints or exports."""
