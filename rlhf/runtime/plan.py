@@ -15,6 +15,7 @@ import fiddle as fdl
 from fiddle import daglish
 
 from rlhf.config.graph_io import from_json, to_json
+from rlhf.runtime.placement import placement_problems, placements
 from rlhf.runtime.remote import GroupRef, Remote
 
 
@@ -47,8 +48,12 @@ class Plan:
 
     def describe(self) -> str:
         lines = [f"driver: {_callable_name(self.driver)}"]
+        where_placed = placements(self.groups)
         for g in self.groups.values():
             where = f", colocated with {g.colocate_with}" if g.colocate_with else ""
+            share = where_placed[g.name].num_gpus
+            if share != g.gpus_per_worker:
+                where += f", {share:g} GPU per actor: the bundle is shared"
             lines.append(
                 f"group {g.name}: {g.num_workers} x {g.worker_cls.__name__} "
                 f"(cpus {g.cpus_per_worker}, gpus {g.gpus_per_worker} per worker{where})"
@@ -95,6 +100,9 @@ def compile_graph(graph: Any) -> Plan:
                 f"group {spec.name!r} is colocated with {spec.colocate_with!r}, which is not a group of this "
                 f"graph (groups: {sorted(groups)})"
             )
+    problems = placement_problems(groups)
+    if problems:
+        raise ValueError("the worker groups cannot be placed:\n" + "\n".join(f"- {p}" for p in problems))
     return Plan(driver=driver, groups=groups)
 
 
