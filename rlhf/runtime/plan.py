@@ -3,7 +3,9 @@
 The graph is walked unbuilt (fiddle's memoized traversal, so a shared node is visited once);
 every `Remote` node is replaced by a `GroupRef`, and its worker sub-graph is serialised to
 fiddle JSON. Workers rebuild their sub-graph from that JSON, in every runtime, so what runs
-in a Ray actor is exactly what the Plan records.
+in a Ray actor is exactly what the Plan records. Groups that could never be placed together
+(colocation chains, a colocated group whose ranks or GPUs do not match its owner's:
+`rlhf.runtime.placement`) are refused here, so preflight reports them before anything starts.
 """
 
 from __future__ import annotations

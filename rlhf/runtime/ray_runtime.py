@@ -150,7 +150,7 @@ class RayRuntime:
         self,
         address: str | None = None,  # None: start a local cluster; "auto": join a running one
         num_cpus: PositiveInt | None = None,  # CPUs of a local cluster; None: enough for the plan
-        num_gpus: NonNegativeInt | None = None,
+        num_gpus: NonNegativeInt | None = None,  # GPUs of a local cluster (logical ones schedule on a CPU machine)
         inline_bytes: NonNegativeInt = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
         ready_timeout_s: PositiveFloat = 300.0,  # wait this long for placement groups and actors to be placed, then raise
         autoscaling: bool = False,  # the cluster adds nodes on demand: do not refuse a plan its nodes cannot hold now

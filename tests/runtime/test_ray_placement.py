@@ -7,9 +7,12 @@ GPU from bundles whose GPU the policy held, and start-up waited forever (hence t
 With 1 CPU per node, the two ranks of each group land on different nodes.
 """
 
+from pathlib import Path
+
 import fiddle as fdl
 import pytest
 import ray
+from ray._common.utils import get_ray_address_file
 from ray.cluster_utils import Cluster
 
 from rlhf.runtime.placement import PlacementError
@@ -18,7 +21,8 @@ from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import Remote
 from toy_workers import EchoWorker
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# method="thread": a Python signal handler does not run while ray.get waits, so only a timer thread ends a hang
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180, method="thread")]
 
 
 class Roles:
@@ -26,7 +30,7 @@ class Roles:
         self.policy, self.critic = policy, critic
 
 
-def roles(**critic) -> fdl.Config:
+def roles() -> fdl.Config:
     group = dict(num_workers=2, cpus_per_worker=1, gpus_per_worker=1)
     return fdl.Config(
         Roles,
@@ -35,21 +39,38 @@ def roles(**critic) -> fdl.Config:
     )
 
 
+def _put_back(path: Path, text: str | None) -> None:
+    if text is None:
+        path.unlink(missing_ok=True)
+    else:
+        path.write_text(text)
+
+
 @pytest.fixture(scope="module")
 def cluster():
+    # Cluster() writes its address to /tmp/ray/ray_current_cluster, where every bare ray.init() on
+    # this machine looks first: other processes would join this test cluster (and fail to start
+    # their own while the file outlives it). Put the file back as it was; the test passes the address.
+    address_file = Path(get_ray_address_file(None))
+    before = address_file.read_text() if address_file.exists() else None
     cluster = Cluster(initialize_head=True, head_node_args=dict(num_cpus=1, num_gpus=1, include_dashboard=False))
-    cluster.add_node(num_cpus=1, num_gpus=1)
-    cluster.wait_for_nodes()
-    yield cluster
-    cluster.shutdown()
+    _put_back(address_file, before)
+    try:
+        cluster.add_node(num_cpus=1, num_gpus=1)
+        cluster.wait_for_nodes()
+        yield cluster
+    finally:
+        cluster.shutdown()
+        _put_back(address_file, before)
 
 
 @pytest.fixture(scope="module")
 def groups(cluster):
     runtime = RayRuntime(address=cluster.address, ready_timeout_s=120)  # joins it, as address="auto" does
-    groups = runtime.start_groups(compile_graph(roles()))
-    yield groups
-    runtime.shutdown()
+    try:
+        yield runtime.start_groups(compile_graph(roles()))
+    finally:
+        runtime.shutdown()
 
 
 def test_colocated_critic_shares_its_policy_rank_gpu(groups):
