@@ -129,7 +129,8 @@ def placements(groups: Mapping[str, GroupSpec]) -> dict[str, Placement]:
         gpu_users = [m for m in members if m.gpus_per_worker > 0]
         share = owner.gpus_per_worker / len(gpu_users) if gpu_users else 0.0
         if len(gpu_users) > 1:
-            share = math.floor(share / RESOLUTION) * RESOLUTION  # n shares must fit the bundle after rounding
+            steps = round(1 / RESOLUTION)
+            share = math.floor(share * steps + 1e-9) / steps  # rounded down: n shares must fit the bundle
         for m in members:
             out[m.name] = Placement(
                 group=m.name,
