@@ -3,7 +3,9 @@
 The graph is walked unbuilt (fiddle's memoized traversal, so a shared node is visited once);
 every `Remote` node is replaced by a `GroupRef`, and its worker sub-graph is serialised to
 fiddle JSON. Workers rebuild their sub-graph from that JSON, in every runtime, so what runs
-in a Ray actor is exactly what the Plan records.
+in a Ray actor is exactly what the Plan records. Groups that could never be placed together
+(colocation chains, a colocated group whose ranks or GPUs do not match its owner's:
+`rlhf.runtime.placement`) are refused here, so preflight reports them before anything starts.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import fiddle as fdl
 from fiddle import daglish
 
 from rlhf.graph.io import from_json, to_json
+from rlhf.runtime.placement import placement_problems, placements
 from rlhf.runtime.remote import GroupRef, Remote, StageOutput
 
 
@@ -50,8 +53,12 @@ class Plan:
         """What runs where; with `resolve` (a model path node -> a folder, or None when unknown),
         workers that describe their placement add the strategy and parameter bytes per rank."""
         lines = [f"driver: {_callable_name(self.driver)}"]
+        where_placed = placements(self.groups)
         for g in self.groups.values():
             where = f", colocated with {g.colocate_with}" if g.colocate_with else ""
+            share = where_placed[g.name].num_gpus
+            if share != g.gpus_per_worker:
+                where += f", {share:g} GPU per actor: the bundle is shared"
             lines.append(
                 f"group {g.name}: {g.num_workers} x {g.worker_cls.__name__} "
                 f"(cpus {g.cpus_per_worker}, gpus {g.gpus_per_worker} per worker{where})"
@@ -63,7 +70,6 @@ class Plan:
                     arguments = {k: resolve(v) if k.endswith("model_path") else v for k, v in arguments.items()}
                 lines.append(f"  {placement(arguments, g.num_workers, g.gpus_per_worker > 0)}")
         return "\n".join(lines)
-
 
     def worker_arguments(self, group: str) -> dict[str, Any]:
         """A group's worker arguments, defaults included (nodes stay unbuilt)."""
@@ -123,6 +129,9 @@ def compile_graph(graph: Any) -> Plan:
                 f"group {spec.name!r} is colocated with {spec.colocate_with!r}, which is not a group of this "
                 f"graph (groups: {sorted(groups)})"
             )
+    problems = placement_problems(groups)
+    if problems:
+        raise ValueError("the worker groups cannot be placed:\n" + "\n".join(f"- {p}" for p in problems))
     return Plan(driver=driver, groups=groups)
 
 

@@ -1,9 +1,13 @@
 """RayRuntime: one Ray actor per worker, placement groups per resource pool, torch.distributed per group.
 
-Each actor sets the torch.distributed environment of its group (rank, world size, a free
-master port chosen by the driver; gloo on CPU, NCCL on GPU through Accelerate) and then
-builds its worker from the Plan's fiddle JSON. Groups colocated with another group share
-that group's bundles. `address=None` starts a local cluster, `address="auto"` joins one.
+Start-up of a group: its actors are placed in their pool's bundles (colocated groups share
+the owner's bundles and split its GPU, `rlhf.runtime.placement`), each reports its node, and
+rank 0 a free port on its node; then each gets its torch.distributed env (`MASTER_ADDR` of
+rank 0's node, `LOCAL_RANK` per node: `rlhf.runtime.dist_env`; gloo on CPU, NCCL on GPU
+through Accelerate) and builds its worker from the Plan's fiddle JSON. A plan the cluster
+cannot hold is refused before anything starts; one it does not place in `ready_timeout_s`
+raises an error naming the group. `address=None` starts a local cluster, `address="auto"`
+joins one (docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import signal
 import socket
 import sys
 import threading
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,26 +25,55 @@ import ray
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from rlhf.runtime.dist_env import ActorSite, distributed_env
 from rlhf.runtime.group import WorkerGroup
+from rlhf.runtime.placement import (
+    Placement,
+    PlacementError,
+    cluster_problems,
+    format_resources,
+    placements,
+    pool_members,
+)
 from rlhf.runtime.plan import GroupSpec, Plan
-from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 
 
 def free_port() -> int:
+    """A port free on this machine now (bound to every interface, as the TCPStore binds)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind(("", 0))
         return s.getsockname()[1]
 
 
 class _WorkerActor:
-    """Hosts one worker; the group's torch.distributed env is set before the worker is built."""
+    """Hosts one worker. Started empty, so it can report where Ray put it (`site`) before the
+    group's torch.distributed env, which depends on that, is set and the worker is built (`build`)."""
 
-    def __init__(self, worker_json: str, env: dict[str, str], num_threads: int, cwd: str):
-        os.environ.update(env)
+    def __init__(self, num_threads: int, cwd: str):
+        os.environ["OMP_NUM_THREADS"] = str(num_threads)  # before torch loads its OpenMP runtime
+        if not os.path.isdir(cwd):
+            raise FileNotFoundError(
+                f"the driver's working directory {cwd} does not exist on node {ray.util.get_node_ip_address()}: "
+                "every node of the cluster needs the code, models and data at the driver's paths (docs/runtime.md)"
+            )
         os.chdir(cwd)  # relative paths in the graph mean the same as in the driver
         import torch
 
         torch.set_num_threads(num_threads)
+        self.worker = None
+
+    def site(self, with_port: bool) -> ActorSite:
+        context = ray.get_runtime_context()
+        return ActorSite(
+            node_id=context.get_node_id(),
+            node_ip=ray.util.get_node_ip_address(),
+            gpu_ids=tuple(str(i) for i in context.get_accelerator_ids().get("GPU", [])),
+            port=free_port() if with_port else None,
+        )
+
+    def build(self, worker_json: str, env: dict[str, str]) -> None:
+        os.environ.update(env)
         import fiddle as fdl
 
         from rlhf.graph.io import from_json
@@ -51,32 +85,46 @@ class _WorkerActor:
 
 
 class RayWorkerGroup(WorkerGroup):
-    def __init__(self, spec: GroupSpec, pg: Any, bundle_offset: int, share_bundles: bool):
+    """One actor per rank, placed in its pool's bundle of the same index.
+
+    Start-up has two phases: placement (actors scheduled and reporting their node; bounded by
+    `ready_timeout_s`, since an actor Ray cannot place would otherwise wait forever) and build
+    (each worker loads its models; unbounded, it may take long for a large model).
+    """
+
+    def __init__(self, spec: GroupSpec, pg: Any, placement: Placement, ready_timeout_s: float):
         super().__init__(spec, world_size=spec.num_workers)
-        addr, port = "127.0.0.1", free_port()
         actor_cls = ray.remote(_WorkerActor)
         threads = max(1, int(spec.cpus_per_worker))
         self.actors = []
+        tag = uuid.uuid4().hex[:8]
         for rank in range(spec.num_workers):
-            env = {
-                "MASTER_ADDR": addr,
-                "MASTER_PORT": str(port),
-                "RANK": str(rank),
-                "LOCAL_RANK": str(rank),
-                "WORLD_SIZE": str(spec.num_workers),
-                "LOCAL_WORLD_SIZE": str(spec.num_workers),
-                "OMP_NUM_THREADS": str(threads),
-            }
             options = dict(
-                num_cpus=0 if share_bundles else spec.cpus_per_worker,
-                num_gpus=spec.gpus_per_worker,
-                name=f"{spec.name}-{rank}-{port}",
+                num_cpus=placement.num_cpus,
+                num_gpus=placement.num_gpus,
+                name=f"{spec.name}-{rank}-{tag}",
                 scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=bundle_offset + rank
+                    placement_group=pg, placement_group_bundle_index=rank
                 ),
             )
-            self.actors.append(actor_cls.options(**options).remote(spec.worker_json, env, threads, os.getcwd()))
-        ray.get([a.__ray_ready__.remote() for a in self.actors])
+            self.actors.append(actor_cls.options(**options).remote(threads, os.getcwd()))
+        refs = [a.site.remote(rank == 0) for rank, a in enumerate(self.actors)]
+        try:
+            try:
+                sites = ray.get(refs, timeout=ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                raise PlacementError(
+                    f"group {spec.name!r}: its {spec.num_workers} actors ({placement.describe()}) were not all "
+                    f"started within {ready_timeout_s:g} s. {_cluster_state()} Free the resources another job holds, "
+                    f"add nodes, or lower num_workers/cpus_per_worker/gpus_per_worker; if the actors were placed but "
+                    f"their processes are slow to start, see the Ray logs (/tmp/ray/session_latest/logs) or raise "
+                    f"RayRuntime(ready_timeout_s=...)."
+                ) from None
+            envs = distributed_env(sites)
+            ray.get([a.build.remote(spec.worker_json, env) for a, env in zip(self.actors, envs)])
+        except BaseException:
+            self.shutdown()  # the runtime never saw this group: release its actors here
+            raise
 
     def _run(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
         refs = [a.call.remote(method, args, kwargs) for a, (args, kwargs) in zip(self.actors, per_rank)]
@@ -88,6 +136,13 @@ class RayWorkerGroup(WorkerGroup):
         self.actors = []
 
 
+def _cluster_state() -> str:
+    def fmt(resources: dict) -> str:
+        return "{" + ", ".join(f"{k}: {resources.get(k, 0):g}" for k in ("CPU", "GPU")) + "}"
+
+    return f"The cluster has {fmt(ray.available_resources())} available of {fmt(ray.cluster_resources())}."
+
+
 class RayRuntime:
     """Runs a Plan's worker groups as Ray actors (the driver stays in this process)."""
 
@@ -95,10 +150,14 @@ class RayRuntime:
         self,
         address: str | None = None,  # None: start a local cluster; "auto": join a running one
         num_cpus: PositiveInt | None = None,  # CPUs of a local cluster; None: enough for the plan
-        num_gpus: NonNegativeInt | None = None,
+        num_gpus: NonNegativeInt | None = None,  # GPUs of a local cluster (logical ones schedule on a CPU machine)
         inline_bytes: NonNegativeInt = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
+        ready_timeout_s: PositiveFloat = 300.0,  # wait this long for placement groups and actors to be placed, then raise
+        autoscaling: bool = False,  # the cluster adds nodes on demand: do not refuse a plan its nodes cannot hold now
     ):
         self.address = address
+        self.ready_timeout_s = ready_timeout_s
+        self.autoscaling = autoscaling
         self.inline_bytes = inline_bytes
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
@@ -137,21 +196,39 @@ class RayRuntime:
             signal.signal(signal.SIGTERM, handler)
 
     def start_groups(self, plan: Plan) -> dict[str, WorkerGroup]:
+        """Check the plan against the cluster's nodes, then reserve each pool's bundles and start
+        its groups (owners first, colocated groups in the owners' bundles). Raises
+        `PlacementError` before anything starts when the cluster cannot hold the plan, and after
+        `ready_timeout_s` when it could but does not place it (another job holds the resources)."""
         self._init(plan)
-        pools: dict[str, Any] = {}
+        nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
+        problems = [] if self.autoscaling else cluster_problems(plan.groups, nodes)
+        if problems:
+            raise PlacementError(
+                "the plan cannot be placed on this Ray cluster (on an autoscaling cluster pass "
+                "RayRuntime(autoscaling=True)):\n" + "\n".join(f"- {p}" for p in problems)
+            )
+        where = placements(plan.groups)
         groups: dict[str, WorkerGroup] = {}
-        # Owners of a pool first, so colocated groups find their bundles.
-        for spec in sorted(plan.groups.values(), key=lambda g: g.colocate_with is not None):
-            if spec.pool not in pools:
-                bundle = {"CPU": spec.cpus_per_worker}
-                if spec.gpus_per_worker:
-                    bundle["GPU"] = spec.gpus_per_worker
-                pg = placement_group([dict(bundle) for _ in range(spec.num_workers)], strategy="PACK")
-                ray.get(pg.ready(), timeout=120)
-                pools[spec.pool] = pg
-                self._pgs.append(pg)
-            groups[spec.name] = RayWorkerGroup(spec, pools[spec.pool], 0, share_bundles=spec.colocate_with is not None)
-            self._groups.append(groups[spec.name])
+        for pool, members in pool_members(plan.groups).items():
+            owner = members[0]
+            bundle = where[owner.name].bundle
+            pg = placement_group([dict(bundle) for _ in range(owner.num_workers)], strategy="PACK")
+            self._pgs.append(pg)  # removed by stop_groups even if it never becomes ready
+            try:
+                ray.get(pg.ready(), timeout=self.ready_timeout_s)
+            except ray.exceptions.GetTimeoutError:
+                names = ", ".join(repr(m.name) for m in members)
+                raise PlacementError(
+                    f"group {owner.name!r}: its placement group ({owner.num_workers} bundles of "
+                    f"{format_resources(bundle)}, for {names}) was not "
+                    f"ready within {self.ready_timeout_s:g} s. {_cluster_state()} Free the resources another job "
+                    f"holds, add nodes, or lower num_workers/cpus_per_worker/gpus_per_worker; on an autoscaling "
+                    f"cluster raise RayRuntime(ready_timeout_s=...)."
+                ) from None
+            for spec in members:
+                groups[spec.name] = RayWorkerGroup(spec, pg, where[spec.name], self.ready_timeout_s)
+                self._groups.append(groups[spec.name])
         return groups
 
     def stop_groups(self) -> None:

@@ -37,6 +37,8 @@ def test_each_rank_gets_its_distributed_env(echo_group):
     assert [e["RANK"] for e in envs] == ["0", "1"]
     assert {e["WORLD_SIZE"] for e in envs} == {"2"}
     assert len({e["MASTER_PORT"] for e in envs}) == 1
+    assert [(e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"]) for e in envs] == [("0", "2"), ("1", "2")]  # one node
+    assert {e["MASTER_ADDR"] for e in envs} == {echo_group.where()[0]["node_ip"]}  # rank 0's node
     assert echo_group.all_reduce(1.0) == [3.0, 3.0]  # (1+0) + (1+1) over gloo
 
 

@@ -39,7 +39,21 @@ class EchoWorker:
 
     @on_all_ranks
     def env(self) -> dict:
-        return {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "MASTER_PORT")}
+        keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "CUDA_VISIBLE_DEVICES")
+        return {k: os.environ.get(k) for k in keys}
+
+    @on_all_ranks
+    def where(self) -> dict:
+        """The node this rank runs on and what Ray gave it, seen from inside the actor."""
+        import ray
+
+        context = ray.get_runtime_context()
+        return {
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "gpu_ids": [str(i) for i in context.get_accelerator_ids().get("GPU", [])],
+            "resources": context.get_assigned_resources(),
+        }
 
     @on_all_ranks
     def all_reduce(self, value: float) -> float:
