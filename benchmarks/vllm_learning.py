@@ -12,9 +12,9 @@ Needs vLLM: run it in the environment of `bash scripts/test_vllm.sh`, one thread
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 \\
         nice -n 10 .venv-vllm/bin/python benchmarks/vllm_learning.py          # ~15 min on a shared 2-core machine
 
-Writes benchmarks/results/vllm_learning-<time>.json. The two runs are not bit-identical even in
-fp32: vLLM's kernels round differently, so a near-tie between two tokens can be sampled
-differently and the trajectories drift apart; the comparison is of learning, not of bits.
+Writes benchmarks/results/vllm_learning-<time>.json. The two runs are not identical even in
+fp32: vLLM's kernels round differently (~1e-7 in log-prob), enough to sample a different token
+now and then, after which the trajectories diverge; the comparison is of learning, not of bits.
 """
 
 from __future__ import annotations
