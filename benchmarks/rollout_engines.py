@@ -3,6 +3,7 @@
 CPU (in .venv-vllm, from `bash scripts/test_vllm.sh`; one torch thread, in-process engine):
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 \\
         .venv-vllm/bin/python benchmarks/rollout_engines.py --json benchmarks/results/rollout_engines_cpu.json
+    (--hidden-size 128: the model of arithmetic_tiny's fiddler:vllm; results in docs/rollout_engines.md)
 GPU (official vllm wheel; a Qwen2.5-0.5B-shaped random bf16 model, the shape of benchmarks/gpu_step.py):
     python benchmarks/rollout_engines.py --gpu --prompts 32 --n 8 --max-new-tokens 256
 
@@ -30,6 +31,9 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--hidden-size", type=int, default=64,
+                        help="CPU model width: heads of 32 (vLLM's CPU minimum), half as many KV heads; "
+                             "128 is arithmetic_tiny's fiddler:vllm shape")
     parser.add_argument("--gpu", action="store_true", help="CUDA, bf16, a Qwen2.5-0.5B-shaped model")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
@@ -46,9 +50,10 @@ def main() -> None:
         path = tiny_qwen2(os.path.join(root, "qwen05b-shape"), hidden_size=896, num_layers=24, num_heads=14,
                           num_kv_heads=2, intermediate_size=4864, vocab_size=151936, max_position_embeddings=2048)
         device, dtype = "cuda", "bfloat16"
-    else:  # the tiny model vLLM's CPU attention accepts (head_dim 32)
-        path = tiny_qwen2(os.path.join(root, "vllm-h64-l2"), hidden_size=64, num_layers=2, num_heads=2,
-                          num_kv_heads=1, intermediate_size=256)
+    else:  # a tiny model vLLM's CPU attention accepts (head_dim 32)
+        h = args.hidden_size
+        path = tiny_qwen2(os.path.join(root, f"vllm-h{h}-l2"), hidden_size=h, num_layers=2, num_heads=h // 32,
+                          num_kv_heads=max(1, h // 64), intermediate_size=4 * h)
         device, dtype = "cpu", "float32"
     max_len = 256 + args.max_new_tokens
     vllm = VLLMEngine(path, dtype=dtype, max_model_len=max_len, enable_sleep_mode=False)
@@ -83,6 +88,7 @@ def main() -> None:
         sync.append(time.perf_counter() - start)
     result = {
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (1 thread)",
+        "load_average_1min": os.getloadavg()[0],  # other jobs on a shared machine
         "shape": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens, "model": path},
         **{name: {"median_s": statistics.median(s), "tokens": tokens[name],
                   "tokens_per_s": tokens[name] / statistics.median(s), "runs_s": s} for name, s in seconds.items()},
