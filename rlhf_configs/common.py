@@ -9,6 +9,10 @@ from rlhf.config.gin_overrides import apply_gin
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.fsdp import FSDP
+from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.reward_model import RewardModelWorker
 
 
 def local(cfg: fdl.Config[Experiment]) -> None:
@@ -39,11 +43,6 @@ def gin(cfg: fdl.Config[Experiment], path: str | None = None, text: str | None =
 def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> None:
     """Shard every trained and frozen model with FSDP2 (also on CPUs, over gloo; with `workers(n=2)`
     each of 2 ranks holds half of every model). The plan (`--print_plan`) shows the shard sizes."""
-    from rlhf.workers.critic import CriticWorker
-    from rlhf.workers.fsdp import FSDP
-    from rlhf.workers.policy import PolicyWorker
-    from rlhf.workers.reward_model import RewardModelWorker
-
     strategy = "fsdp" if reshard_after_forward else fdl.Config(FSDP, reshard_after_forward=False)
     for worker in (PolicyWorker, CriticWorker, RewardModelWorker):
         selectors.select(cfg, worker, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 import torch
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.models.loading import load_causal_lm, load_tokenizer
 
 # Qwen2/Llama attention and MLP projections
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -73,8 +74,6 @@ def merged(model: torch.nn.Module) -> torch.nn.Module:
 
 def merge_adapter(base_path: str, adapter_path: str, out: str, dtype: str = "float32") -> str:
     """Base model folder + adapter folder -> a merged Hugging Face model folder (with the tokenizer)."""
-    from rlhf.models.loading import load_causal_lm, load_tokenizer
-
     peft = _peft()
     model = peft.PeftModel.from_pretrained(load_causal_lm(base_path, dtype), adapter_path).merge_and_unload()
     tokenizer = load_tokenizer(base_path)
