@@ -132,7 +132,7 @@ def rollout_batch(shape: Shape, seed: int = 0):
     batch["attention_mask"], batch["position_ids"] = full, position_ids_from_mask(full)
     batch["responses"], batch["response_mask"] = responses, mask
     batch["advantages"] = with_advantages(len(batch), shape.n, g)[:, None] * mask
-    batch.meta["temperature"] = 1.0
+    batch.meta["temperature"], batch.meta["max_new_tokens"] = 1.0, shape.new_tokens  # what a rollout records
     return batch
 
 
