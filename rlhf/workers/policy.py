@@ -25,7 +25,7 @@ from rlhf.models.shared_prefix import response_logits
 from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.fsdp import FSDP, Strategy, full_tensor
+from rlhf.workers.fsdp import FSDP, Strategy, full_tensor, is_sharded
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, place_model
@@ -381,8 +381,19 @@ class PolicyWorker:
         from rlhf.workers.lora import merged, save_adapter
         from rlhf.workers.training import atomic_write_dir
 
-        model = self.trainer.unwrapped()  # DDP/CPU; under FSDP gather with accelerator.get_state_dict first
-        if self.trainer.accelerator.is_main_process:
+        model = self.trainer.unwrapped()
+        main = self.trainer.accelerator.is_main_process
+        if is_sharded(model):  # PEFT saves and merges a plain module: gather a whole copy on rank 0
+            from transformers import AutoModelForCausalLM
+
+            from rlhf.workers.state_io import unsharded_copy
+
+            self.trainer.accelerator.wait_for_everyone()
+            state = self.trainer.full_state_dict()  # every rank takes part; rank 0 gets the weights
+            config = model.get_base_model().config
+            model = unsharded_copy(model, state, lambda: self.adapter(AutoModelForCausalLM.from_config(config))) \
+                if main else None
+        if main:
             save_adapter(model, f"{path}-adapter")
             atomic_write_dir(path, lambda tmp: (merged(model).save_pretrained(tmp), self.tokenizer.save_pretrained(tmp)))
         self.trainer.accelerator.wait_for_everyone()
