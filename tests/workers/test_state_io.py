@@ -129,3 +129,29 @@ def test_accelerate_format_loads_under_ddp_and_is_refused_under_fsdp(tmp_path):
     with pytest.raises(CheckpointFormatError, match="Accelerate's former checkpoint format.*strategy='ddp'"):
         CheckpointManager(tmp_path / "checkpoints").resume(lambda f: fsdp.load_state(str(f / "policy")))
     assert folder.is_dir()  # intact, not moved aside as broken
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(tmp_path):
+    """The same names whatever the wrapper: weights, AdamW moments and the LR schedule survive
+    DDP -> FSDP -> DDP (each at world size 1, in this process)."""
+    def worker(strategy):
+        return grpo_worker(strategy=strategy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2),
+                           lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+
+    ddp = worker("ddp")
+    ddp.update(scored_rollout(ddp))
+    ddp.save_state(str(tmp_path / "ddp"))
+    fsdp = worker("fsdp")
+    fsdp.load_state(str(tmp_path / "ddp"))
+    assert_same_weights(fsdp.parameters_digest(), ddp.parameters_digest(), "DDP -> FSDP")
+    assert fsdp.trainer.optimizer.param_groups[0]["lr"] == ddp.trainer.optimizer.param_groups[0]["lr"] == 5e-3
+    fsdp.save_state(str(tmp_path / "fsdp"))
+    back = worker("ddp")
+    back.load_state(str(tmp_path / "fsdp"))
+    assert_same_weights(back.parameters_digest(), ddp.parameters_digest(), "FSDP -> DDP")
+    want, got = ddp.trainer.optimizer.state_dict(), back.trainer.optimizer.state_dict()
+    assert want["state"].keys() == got["state"].keys() and want["state"]
+    for i in want["state"]:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(got["state"][i][name], want["state"][i][name]), f"{name} of parameter {i}"
+    assert back.trainer.scheduler.state_dict() == ddp.trainer.scheduler.state_dict()
