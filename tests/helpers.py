@@ -49,7 +49,7 @@ def scored_rollout(worker, prompts=4, n=4, seed=0):
 
 def group_plan(num_workers, **worker):
     """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker);
-    `worker`: more PolicyWorker arguments."""
+    `worker`: more PolicyWorker arguments (`optimizer` replaces the default SGD)."""
     from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
     from rlhf.runtime.plan import compile_graph
     from rlhf.workers.objectives import PolicyObjective
@@ -61,10 +61,11 @@ def group_plan(num_workers, **worker):
     )
     # SGD: the update is lr * gradient, so comparing parameters compares gradients. (Adam's first
     # step is ~lr * sign(g): float noise flips near-zero gradients and hides what is compared.)
+    worker = {"optimizer": fdl.Partial(torch.optim.SGD, lr=0.1), **worker}
     return compile_graph(
         policy_group(
             num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3,
-            optimizer=fdl.Partial(torch.optim.SGD, lr=0.1), **worker,
+            **worker,
         )
     )
 

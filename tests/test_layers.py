@@ -44,8 +44,6 @@ FUNCTION_LEVEL: dict[str, str] = {
     "rlhf.tracking.ui": "aim (~3 s) only when a sweep link is made, not to start `aim up` or encode URLs",
     "rlhf.rewards.manager": "torch (~3 s) only for overlong shaping, not in reward-pool worker processes",
     "rlhf.rollout.vllm_engine": "vLLM is optional: its worker extension is imported with vLLM",
-    # Not yet at the top of the module: files other changes are editing (issue 19's merge).
-    "rlhf.workers.policy": "to hoist once the FSDP and renaming changes are merged",
 }
 
 

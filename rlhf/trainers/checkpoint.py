@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.workers.state_io import CheckpointFormatError
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "MANIFEST.json"
@@ -143,7 +144,9 @@ class CheckpointManager:
         {"step": 0}, skipped) when none is intact, so the stage starts from its beginning. A
         checkpoint that fails verification or `load` is moved aside (`.broken-<time>`) and
         logged as a warning: a later save of the same step must not overwrite it, and keep-last-N
-        must not count or delete it.
+        must not count or delete it. A `CheckpointFormatError` (a format this configuration cannot
+        read, e.g. Accelerate's former format under FSDP) stops the resume instead: the checkpoint is
+        intact, and falling back would silently start the stage over.
         """
         skipped: list[str] = []
         for folder in reversed(self._step_folders()):  # with or without a state file: a missing one is reported
@@ -153,6 +156,8 @@ class CheckpointManager:
                 try:
                     state = self.read_state(folder)
                     load(folder)
+                except CheckpointFormatError:  # not broken, just unreadable here: falling back would lose the run
+                    raise
                 except Exception as err:  # noqa: BLE001 - any failure to load means: try the one before
                     reason = f"loading it failed ({type(err).__name__}: {_first_line(err)})"
             if reason is None:

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from transformers import AutoModelForCausalLM
 
 from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
@@ -26,10 +27,13 @@ from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.fsdp import (
-    FSDP, Strategy, describe_placement, full_tensor, local_parameter_bytes, strategy_name,
+    FSDP, Strategy, describe_placement, full_tensor, is_sharded, local_parameter_bytes, strategy_name,
 )
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
+from rlhf.io.atomic import atomic_write_dir
+from rlhf.workers.lora import merged, save_adapter
+from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, place_model
 
 
@@ -260,8 +264,6 @@ class PolicyWorker:
         self.engine.wake_up(["weights"])
         actor = self.trainer.unwrapped()
         if self.adapter is not None and not getattr(self.engine, "shares_weights", False):
-            from rlhf.workers.lora import merged
-
             actor = merged(actor)  # the engine holds plain weights: W + alpha/r B A
         self.engine.update_weights(named_weights(actor))  # a sharing engine consumes nothing
         self.engine.wake_up(["kv_cache"])
@@ -380,11 +382,15 @@ class PolicyWorker:
         """
         if self.adapter is None:
             return self.trainer.save_pretrained(path, self.tokenizer)
-        from rlhf.workers.lora import merged, save_adapter
-        from rlhf.io.atomic import atomic_write_dir
-
-        model = self.trainer.unwrapped()  # DDP/CPU; under FSDP gather with accelerator.get_state_dict first
-        if self.trainer.accelerator.is_main_process:
+        model = self.trainer.unwrapped()
+        main = self.trainer.accelerator.is_main_process
+        if is_sharded(model):  # PEFT saves and merges a plain module: gather a whole copy on rank 0
+            self.trainer.accelerator.wait_for_everyone()
+            state = self.trainer.full_state_dict()  # every rank takes part; rank 0 gets the weights
+            config = model.get_base_model().config
+            model = unsharded_copy(model, state, lambda: self.adapter(AutoModelForCausalLM.from_config(config))) \
+                if main else None
+        if main:
             save_adapter(model, f"{path}-adapter")
             atomic_write_dir(path, lambda tmp: (merged(model).save_pretrained(tmp), self.tokenizer.save_pretrained(tmp)))
         self.trainer.accelerator.wait_for_everyone()

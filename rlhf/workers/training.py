@@ -82,7 +82,7 @@ class ModelTrainer:
         else:
             self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer(trainable))
         self.scheduler = lr_scheduler(self.optimizer) if lr_scheduler is not None else None
-        if self.scheduler is not None:  # saved by save_state; not prepared (that would step it per rank)
+        if self.scheduler is not None:  # registered only to restore Accelerate-format checkpoints (state_io); not prepared
             self.accelerator.register_for_checkpointing(self.scheduler)
 
     @property
@@ -218,11 +218,27 @@ class ModelTrainer:
         return path
 
     def save_state(self, path: str) -> None:
-        """Model, optimizer, LR scheduler and every rank's RNG states (Accelerate's format)."""
-        self.accelerator.save_state(path, safe_serialization=True)
+        """Model, optimizer, LR scheduler and every rank's RNG states as a sharded checkpoint: each
+        rank writes its own shards into `path` (rlhf.workers.state_io); every rank must call it."""
+        from rlhf.workers import state_io
+
+        state_io.save_state(path, self.unwrapped(), self.optimizer, self.scheduler)
 
     def load_state(self, path: str) -> None:
-        self.accelerator.load_state(path)
+        """Resume from `save_state`'s folder (at any world size, DDP or FSDP); a folder in
+        Accelerate's former format loads under DDP and raises CheckpointFormatError under FSDP."""
+        from rlhf.workers import state_io
+
+        if state_io.is_accelerate_state(path):
+            if isinstance(self.strategy, FSDP):
+                raise state_io.CheckpointFormatError(
+                    f"{path} is in Accelerate's former checkpoint format (full weights in model.safetensors), which "
+                    "does not restore a sharded optimizer. Resume it once with strategy='ddp' (it then saves sharded "
+                    "checkpoints that FSDP reads), or export it (`rlhf export`) and start a new run from that folder."
+                )
+            self.accelerator.load_state(path)
+            return
+        state_io.load_state(path, self.unwrapped(), self.optimizer, self.scheduler)
 
     def parameters_finite(self) -> bool:
         """Whether this rank's parameters (its shards under FSDP) are all finite."""

@@ -64,9 +64,10 @@ def kill(tmp: Path, kill_at: int, mode: str, *extra: str) -> tuple[Path, Path]:
 
 
 def truncate_newest_weights(out: Path) -> Path:
-    """What a disk that filled up, or a bad copy, leaves: the newest checkpoint's weights cut short."""
+    """What a disk that filled up, or a bad copy, leaves: the newest checkpoint's weights cut short
+    (its one shard: the policy runs as 1 DDP rank)."""
     newest = sorted((out / STAGE / "checkpoints").glob("step_*"))[-1]
-    (weights_file,) = (newest / "policy").glob("model*.safetensors")
+    (weights_file,) = (newest / "policy" / "dcp").glob("*.distcp")
     weights_file.write_bytes(weights_file.read_bytes()[:1000])
     return newest
 

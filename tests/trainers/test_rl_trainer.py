@@ -19,6 +19,7 @@ from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
+from rlhf.trainers.export import export_checkpoint
 from rlhf.trainers.rl import NonFiniteTrainingError, RLTrainer
 from rlhf_configs.pieces import policy_group
 from helpers import tiny_model_path
@@ -48,7 +49,8 @@ def test_nan_gradients_stop_the_run_and_never_touch_the_weights(tmp_path):
     with pytest.raises(NonFiniteTrainingError, match="NaN/Inf in 3 consecutive steps"):
         run_experiment(graph)
     (ckpt_root,) = list(tmp_path.glob("guards/*/rl/checkpoints"))
-    saved = load_file(str(sorted(ckpt_root.iterdir())[-1] / "policy" / "model.safetensors"))
+    exported = export_checkpoint(str(sorted(ckpt_root.iterdir())[-1]), str(tmp_path / "exported"))
+    saved = load_file(f"{exported}/model.safetensors")
     initial = load_file(f"{tiny_model_path()}/model.safetensors")
     for k, v in saved.items():
         assert torch.equal(v, initial[k]), f"{k} changed although every gradient was NaN"

@@ -1,0 +1,157 @@
+"""Sharded checkpoints (rlhf.workers.state_io) under 2 FSDP2 ranks in Ray: a killed group resumes
+bit-identically, each rank writes its own shard, the gathered weights (`final/`, `rlhf export`)
+equal the trained ones and load in transformers; a LoRA adapter trained sharded merges to the trained
+weights. Plus Accelerate's former format: loads under DDP, refused under FSDP."""
+
+import fiddle as fdl
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rlhf.batch import Batch
+from rlhf.cli import main
+from rlhf.data.generators import arithmetic_rows
+from rlhf.data.prompts import PromptDataset
+from rlhf.models.loading import load_causal_lm, load_tokenizer
+from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.ray_runtime import RayRuntime
+from rlhf.trainers.checkpoint import CheckpointManager
+from rlhf.workers.state_io import CheckpointFormatError
+from helpers import group_plan, grpo_worker, scored_rollout, tiny_model_path
+
+
+@pytest.fixture(scope="module")
+def ray_runtime():
+    runtime = RayRuntime(num_cpus=2)
+    yield runtime
+    runtime.shutdown()
+
+
+def prompts() -> Batch:
+    return PromptDataset(arithmetic_rows(4, seed=3), load_tokenizer(tiny_model_path())).collate(range(4))
+
+
+def rl_step(group, step: int) -> Batch:
+    """Sample (each rank's torch RNG), score with fixed advantages, update; returns the rollout."""
+    batch = group.generate(prompts(), SamplingParams(n=2, max_new_tokens=6))
+    g = torch.Generator().manual_seed(step)
+    batch["advantages"] = torch.randn(len(batch), 1, generator=g) * batch["response_mask"]
+    group.update(batch)
+    return batch
+
+
+def assert_same_weights(actual: dict, expected: dict, what: str) -> None:
+    assert actual.keys() == expected.keys(), what
+    for k in expected:
+        assert torch.equal(actual[k], expected[k]), f"{what}: {k} differs"
+
+
+def fsdp_plan(**worker):
+    # AdamW and a schedule, so the optimizer's moments and the LR schedule must be restored too
+    return group_plan(2, strategy="fsdp", optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-2),
+                      lr_scheduler=fdl.Partial(torch.optim.lr_scheduler.StepLR, step_size=1, gamma=0.5), **worker)
+
+
+@pytest.mark.slow
+def test_a_killed_fsdp_group_resumes_bit_identically_and_exports(ray_runtime, tmp_path):
+    checkpoints = CheckpointManager(tmp_path / "checkpoints")
+    group = ray_runtime.start_groups(fsdp_plan())["policy"]
+    untrained = load_causal_lm(tiny_model_path()).state_dict()
+    group.save(str(tmp_path / "initial"))  # the gathered state of a freshly sharded model is the model
+    assert_same_weights(AutoModelForCausalLM.from_pretrained(tmp_path / "initial").state_dict(), untrained, "initial")
+    for step in (1, 2):
+        rl_step(group, step)
+    checkpoints.save(2, lambda folder: group.save_state(str(folder / "policy")), {})
+    expected_rollout = rl_step(group, 3)
+    (expected,) = group.parameters_digest()[:1]
+    ray_runtime.stop_groups()  # ray.kill: both ranks die without a word
+
+    policy = tmp_path / "checkpoints" / "step_00000002" / "policy"
+    shards = sorted(p.name for p in (policy / "dcp").glob("*.distcp"))
+    assert shards == ["__0_0.distcp", "__1_0.distcp"]  # each rank wrote its own shard
+    assert sorted(p.name for p in (policy / "rng").iterdir()) == ["rank_00000.pt", "rank_00001.pt"]
+    assert not list(policy.glob("*.safetensors"))  # nothing gathered for resume
+
+    group = ray_runtime.start_groups(fsdp_plan())["policy"]
+    folder, _, skipped = checkpoints.resume(lambda f: group.load_state(str(f / "policy")))
+    assert folder.name == "step_00000002" and not skipped
+    rollout = rl_step(group, 3)
+    assert torch.equal(rollout["responses"], expected_rollout["responses"])  # every rank's RNG restored
+    rank0, rank1 = group.parameters_digest()
+    assert_same_weights(rank0, expected, "resumed vs uninterrupted")  # weights, AdamW moments, LR schedule
+    assert_same_weights(rank1, expected, "rank 1")
+
+    checkpoints.save(3, lambda folder: group.save_state(str(folder / "policy")), {})
+    group.save(str(tmp_path / "final"))
+    assert main(["export", str(tmp_path), str(tmp_path / "exported")]) == 0  # the stage folder: its newest, step 3
+    for name in ("final", "exported"):
+        model = AutoModelForCausalLM.from_pretrained(tmp_path / name)
+        assert model.config.architectures == ["Qwen2ForCausalLM"]  # not FSDP's wrapper class
+        assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()  # still tied
+        assert_same_weights(model.state_dict(), expected, name)
+    ray_runtime.stop_groups()
+
+
+def test_lora_trained_under_fsdp_saves_an_adapter_that_merges_to_the_trained_weights(tmp_path):
+    """In this process (FSDP over a process group of one): the gather-then-save path is the one
+    2 ranks take, without starting another Ray group."""
+    peft = pytest.importorskip("peft")
+    from rlhf.workers.lora import LoRA, merged
+
+    worker = grpo_worker(strategy="fsdp", adapter=LoRA(r=4), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    worker.update(scored_rollout(worker))
+    trained = worker.parameters_digest()
+    assert any(float(v.abs().max()) > 0 for k, v in trained.items() if "lora_B" in k)  # the adapter learned
+    worker.save(str(tmp_path / "final"))
+
+    local = LoRA(r=4)(load_causal_lm(tiny_model_path()))
+    local.load_state_dict(trained)
+    want = merged(local).state_dict()  # W + alpha/r B A of the weights the sharded model holds
+    assert_same_weights(AutoModelForCausalLM.from_pretrained(tmp_path / "final").state_dict(), want, "merged")
+    from_adapter = peft.PeftModel.from_pretrained(load_causal_lm(tiny_model_path()), str(tmp_path / "final-adapter"))
+    assert_same_weights(from_adapter.merge_and_unload().state_dict(), want, "base + saved adapter")
+
+
+def test_accelerate_format_loads_under_ddp_and_is_refused_under_fsdp(tmp_path):
+    """What rlhf wrote before sharded checkpoints (Accelerator.save_state under DDP)."""
+    worker = grpo_worker(strategy="ddp")
+    worker.update(scored_rollout(worker))
+    folder = tmp_path / "checkpoints" / "step_00000001"
+    CheckpointManager(tmp_path / "checkpoints").save(
+        1, lambda f: worker.trainer.accelerator.save_state(str(f / "policy"), safe_serialization=True), {})
+    (expected,) = [worker.parameters_digest()]
+
+    ddp = grpo_worker(strategy="ddp")
+    ddp.load_state(str(folder / "policy"))
+    assert_same_weights(ddp.parameters_digest(), expected, "Accelerate format under DDP")
+
+    fsdp = grpo_worker(strategy="fsdp")
+    with pytest.raises(CheckpointFormatError, match="Accelerate's former checkpoint format.*strategy='ddp'"):
+        CheckpointManager(tmp_path / "checkpoints").resume(lambda f: fsdp.load_state(str(f / "policy")))
+    assert folder.is_dir()  # intact, not moved aside as broken
+
+
+def test_a_ddp_checkpoint_resumes_under_fsdp_and_back(tmp_path):
+    """The same names whatever the wrapper: weights, AdamW moments and the LR schedule survive
+    DDP -> FSDP -> DDP (each at world size 1, in this process)."""
+    def worker(strategy):
+        return grpo_worker(strategy=strategy, optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2),
+                           lr_scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5))
+
+    ddp = worker("ddp")
+    ddp.update(scored_rollout(ddp))
+    ddp.save_state(str(tmp_path / "ddp"))
+    fsdp = worker("fsdp")
+    fsdp.load_state(str(tmp_path / "ddp"))
+    assert_same_weights(fsdp.parameters_digest(), ddp.parameters_digest(), "DDP -> FSDP")
+    assert fsdp.trainer.optimizer.param_groups[0]["lr"] == ddp.trainer.optimizer.param_groups[0]["lr"] == 5e-3
+    fsdp.save_state(str(tmp_path / "fsdp"))
+    back = worker("ddp")
+    back.load_state(str(tmp_path / "fsdp"))
+    assert_same_weights(back.parameters_digest(), ddp.parameters_digest(), "FSDP -> DDP")
+    want, got = ddp.trainer.optimizer.state_dict(), back.trainer.optimizer.state_dict()
+    assert want["state"].keys() == got["state"].keys() and want["state"]
+    for i in want["state"]:
+        for name in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(got["state"][i][name], want["state"][i][name]), f"{name} of parameter {i}"
+    assert back.trainer.scheduler.state_dict() == ddp.trainer.scheduler.state_dict()
