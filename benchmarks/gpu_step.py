@@ -3,6 +3,9 @@
     python benchmarks/gpu_step.py                 # GPU: Qwen2.5-0.5B-shaped random model, the measured shape
     python benchmarks/gpu_step.py --proxy         # CPU, about a minute: the proxies below; exit 1 on a miss
     python benchmarks/gpu_step.py --shape tiny    # the GPU harness end to end on whatever device (smoke)
+    python benchmarks/gpu_step.py --frameworks trl-vllm,rlhf-vllm   # both with a colocated vLLM engine
+                                                  # (TRL: use_vllm=True, vllm_mode="colocate"); issue 15's
+                                                  # target is a full step <= 2.5 s on an H100
 
 Work (GPU default, as measured in issue 13): a Qwen2.5-0.5B-shaped random model built locally
 (hidden 896, 24 layers, 14 heads, 2 KV heads, vocabulary 151,936, tied embeddings, byte-level
@@ -50,6 +53,7 @@ VOCAB = 151_936  # Qwen2.5's vocabulary
 LR = 1e-6
 KL_COEF = 0.001
 CLIP = 0.2
+VLLM_MEMORY = 0.35  # GPU fraction a colocated vLLM engine takes (both frameworks): the actor and AdamW need the rest
 TARGETS = {"op_ratio_max": 1.5, "fp32_temp_fraction_max": 0.25, "changed_fraction_min": 0.90}
 
 
@@ -275,10 +279,20 @@ def _peak_gib(device: torch.device) -> float | None:
     return torch.cuda.max_memory_allocated() / 2**30 if device.type == "cuda" else None
 
 
-def run_rlhf(path: str, shape: Shape, steps: int, device: torch.device, shared_prefix: bool = False) -> dict:
+def run_rlhf(path: str, shape: Shape, steps: int, device: torch.device, shared_prefix: bool = False,
+             vllm: bool = False) -> dict:
+    """Our policy worker: the transformers engine sharing the actor, or (`vllm`) a colocated vLLM
+    engine fed the actor's weights after every update (sleeping during the update on GPUs)."""
     from rlhf.rollout.sampling import SamplingParams
 
-    worker = policy_worker(path, shape, shared_prefix=shared_prefix)
+    engine = {}
+    if vllm:
+        from rlhf.rollout.vllm_engine import VLLMEngine
+
+        engine["engine"] = functools.partial(
+            VLLMEngine, dtype="bfloat16" if device.type == "cuda" else "float32", gpu_memory_utilization=VLLM_MEMORY,
+            max_model_len=shape.prompt_len + shape.new_tokens)
+    worker = policy_worker(path, shape, shared_prefix=shared_prefix, **engine)
     sampling = SamplingParams(n=shape.n, temperature=1.0, max_new_tokens=shape.new_tokens,
                               min_new_tokens=shape.new_tokens)
     g = torch.Generator().manual_seed(0)
@@ -331,7 +345,7 @@ def run_plain(path: str, shape: Shape, steps: int, device: torch.device) -> dict
     return _summary(records, device)
 
 
-def run_trl(path: str, shape: Shape, steps: int, device: torch.device) -> dict:
+def run_trl(path: str, shape: Shape, steps: int, device: torch.device, use_vllm: bool = False) -> dict:
     """TRL's GRPOTrainer on the same model and work (transformers generate, no vLLM)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -359,6 +373,7 @@ def run_trl(path: str, shape: Shape, steps: int, device: torch.device) -> dict:
         epsilon=CLIP, loss_type="dapo", max_steps=steps + 1, logging_steps=1, save_strategy="no",
         report_to="none", bf16=device.type == "cuda", use_cpu=device.type != "cuda", gradient_checkpointing=False,
         disable_tqdm=True, seed=0,
+        **({"use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": VLLM_MEMORY} if use_vllm else {}),
     )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **_: [float(len(c)) for c in completions],
@@ -381,7 +396,8 @@ def _summary(records: list[dict], device: torch.device) -> dict:
 
 
 RUNNERS = {"rlhf": run_rlhf, "rlhf-shared": functools.partial(run_rlhf, shared_prefix=True), "plain": run_plain,
-           "trl": run_trl}
+           "trl": run_trl, "rlhf-vllm": functools.partial(run_rlhf, vllm=True),
+           "trl-vllm": functools.partial(run_trl, use_vllm=True)}
 
 
 def run_child(framework: str, shape_name: str, steps: int, root: str) -> dict:
@@ -395,7 +411,7 @@ def run_child(framework: str, shape_name: str, steps: int, root: str) -> dict:
 
 
 def print_table(results: dict) -> None:
-    base = results.get("trl", {}).get("step_s")
+    base = (results.get("trl") or results.get("trl-vllm") or {}).get("step_s")
     print(f"{'framework':<11} {'step s':>7} {'gen s':>7} {'update s':>9} {'ref s':>6} {'tok/s':>8} {'peak GiB':>9} {'vs TRL':>7}")
     for name, r in results.items():
         if "error" in r:

@@ -49,3 +49,13 @@ def test_gpu_harness_runs_on_the_tiny_shape(tmp_path):
         assert "error" not in result[framework], result[framework]
         assert result[framework]["step_s"] > 0 and result[framework]["tokens_per_s"] > 0
     assert result["rlhf"]["ref_s"] > 0  # the update computed reference log-probs itself
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_gpu_harness_runs_rlhf_with_vllm_on_the_tiny_shape(tmp_path):
+    """The `rlhf-vllm` runner (a colocated VLLMEngine fed after each update), on the CPU build here."""
+    gpu_step = _gpu_step()
+    result = gpu_step.run_child("rlhf-vllm", "tiny", 1, str(tmp_path / "models"))
+    assert "error" not in result, result
+    assert result["step_s"] > 0 and result["tokens_per_s"] > 0
