@@ -25,6 +25,7 @@ import torch
 from rlhf.batch import Batch
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.models.loading import ModelSource
+from rlhf.workers import state_io
 from rlhf.workers.accelerator import make_accelerator
 from rlhf.workers.fsdp import FSDP, Strategy, build_sharded, full_tensor, is_sharded, resolve_strategy, shard_model
 from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens
@@ -220,15 +221,11 @@ class ModelTrainer:
     def save_state(self, path: str) -> None:
         """Model, optimizer, LR scheduler and every rank's RNG states as a sharded checkpoint: each
         rank writes its own shards into `path` (rlhf.workers.state_io); every rank must call it."""
-        from rlhf.workers import state_io
-
         state_io.save_state(path, self.unwrapped(), self.optimizer, self.scheduler)
 
     def load_state(self, path: str) -> None:
         """Resume from `save_state`'s folder (at any world size, DDP or FSDP); a folder in
         Accelerate's former format loads under DDP and raises CheckpointFormatError under FSDP."""
-        from rlhf.workers import state_io
-
         if state_io.is_accelerate_state(path):
             if isinstance(self.strategy, FSDP):
                 raise state_io.CheckpointFormatError(
