@@ -91,6 +91,7 @@ def sft_checkpoint(size: ModelSize) -> dict:
     from rlhf.trainers.evaluate import Evaluator
     from rlhf.trainers.sft import SFTTrainer
     from rlhf.workers.objectives import SFTObjective
+    from rlhf.workers.training import TrainingSetup
     from rlhf_configs.pieces import policy_group, tiny_model
 
     model = tiny_model(str(OUT_ROOT / f"init-{size.name}"), hidden_size=size.hidden_size, num_layers=size.num_layers)
@@ -110,7 +111,7 @@ def sft_checkpoint(size: ModelSize) -> dict:
             objective=fdl.Config(SFTObjective),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=size.sft_lr),
             lr_scheduler=fdl.Partial(get_constant_schedule_with_warmup, num_warmup_steps=20),
-            micro_batch_size=128,
+            training=fdl.Config(TrainingSetup, micro_batch_size=128),
         ),
         data=fdl.Config(SFTDataset, rows=fdl.Config(arithmetic_rows, n=7000, seed=0, split="train"), tokenizer=tokenizer),
         batch_size=128,
@@ -174,6 +175,7 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
     from rlhf.runtime.remote import Remote
     from rlhf.trainers.rl import RLTrainer
     from rlhf.workers.objectives import PolicyObjective
+    from rlhf.workers.training import TrainingSetup
 
     from bench_worker import TimedPolicyWorker
 
@@ -190,9 +192,8 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
         ref_model_path=checkpoint if w.beta else None,
         objective=objective,
         optimizer=fdl.Partial(torch.optim.AdamW, lr=LR, weight_decay=ADAM_WEIGHT_DECAY),
-        micro_batch_size=PROMPTS_PER_STEP * SAMPLES_PER_PROMPT,
-        grad_clip=GRAD_CLIP,
-        seed=SEED,
+        training=fdl.Config(TrainingSetup, micro_batch_size=PROMPTS_PER_STEP * SAMPLES_PER_PROMPT,
+                            grad_clip=GRAD_CLIP, seed=SEED),
     )
     rl = fdl.Config(
         RLTrainer,

@@ -105,9 +105,11 @@ def policy_worker(path: str, shape: Shape, shared_prefix: bool = False, fused_lm
     the model in two passes, the distinct prompts then the responses against their cached keys and
     values, trading ~2x the kernel launches for fewer FLOPs). The proxy also reports the CPU defaults."""
     from rlhf.workers.policy import PolicyWorker
+    from rlhf.workers.training import TrainingSetup
 
-    return PolicyWorker(path, objective=objective(), ref_model_path=path, strategy="ddp", compute_dtype="bfloat16",
-                        micro_batch_size=shape.micro_batch, optimizer=lambda p: torch.optim.AdamW(p, lr=LR),
+    training = TrainingSetup(strategy="ddp", compute_dtype="bfloat16", micro_batch_size=shape.micro_batch)
+    return PolicyWorker(path, objective=objective(), ref_model_path=path, training=training,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=LR),
                         shared_prefix=shared_prefix, fused_lm_head=fused_lm_head, **kw)
 
 

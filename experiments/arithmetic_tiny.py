@@ -69,6 +69,7 @@ from rlhf.trainers.records import RolloutRecorder
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
+from rlhf.workers.training import TrainingSetup
 from rlhf_configs.algorithms import use_gae_with_critic
 from rlhf_configs.pieces import policy_group, tiny_model
 
@@ -96,7 +97,7 @@ def base() -> fdl.Config[Experiment]:
             objective=fdl.Config(SFTObjective),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=2e-3),
             lr_scheduler=fdl.Partial(get_constant_schedule_with_warmup, num_warmup_steps=50),
-            micro_batch_size=128,
+            training=fdl.Config(TrainingSetup, micro_batch_size=128),
         ),
         data=fdl.Config(SFTDataset, rows=train_rows, tokenizer=tokenizer),
         batch_size=128,
@@ -118,7 +119,7 @@ def base() -> fdl.Config[Experiment]:
                 kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.001),
             ),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=5e-4),
-            micro_batch_size=128,
+            training=fdl.Config(TrainingSetup, micro_batch_size=128),
         ),
         tokenizer=rl_tokenizer,
         train_data=fdl.Config(PromptDataset, rows=train_rows, tokenizer=rl_tokenizer, name="train"),
@@ -213,7 +214,7 @@ def dapo(cfg: fdl.Config[Experiment]) -> None:
 # ------------------------------------------------------------------- policy losses
 def _two_mini_batches(rl: fdl.Config[RLTrainer]) -> None:
     # two optimizer steps per batch: the second is off-policy, so the loss's trust region acts
-    rl.policy.worker.mini_batches = 2
+    rl.policy.worker.training.mini_batches = 2
 
 
 def gspo(cfg: fdl.Config[Experiment]) -> None:
@@ -285,7 +286,7 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     barely trained model's samples of one prompt get different rewards for the RL algorithms to use."""
     sft = cfg.stages["sft"]
     sft.total_steps = 40
-    sft.batch_size = sft.policy.worker.micro_batch_size = 64
+    sft.batch_size = sft.policy.worker.training.micro_batch_size = 64
     sft.policy.worker.lr_scheduler.num_warmup_steps = 5
     sft.data.rows.n = 256  # shared with the RL stage: tokenizing 7000 prompts took most of a smoke run
     rl = cfg.stages["grpo"]

@@ -41,8 +41,8 @@ def base(model: str = "Qwen/Qwen2.5-3B", data_dir: str = "~/data/countdown") -> 
         prompts_per_step=256,
         total_steps=300,
     )
-    stage.policy.worker.micro_batch_size = 8  # 3B with 1.2k-token sequences
-    stage.policy.worker.mini_batches = 2  # 128 prompts per optimizer step, as TinyZero's ppo_mini_batch_size
+    stage.policy.worker.training.micro_batch_size = 8  # 3B with 1.2k-token sequences
+    stage.policy.worker.training.mini_batches = 2  # 128 prompts per optimizer step, as TinyZero's ppo_mini_batch_size
     return grpo_experiment(NAME, stage)
 
 

@@ -27,13 +27,20 @@ from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.tracking.aim_tracker import AimTracker
-from rlhf_configs.gsm8k import gsm8k_rl_stage, make_tiny
+from rlhf.rewards.gsm8k import gsm8k_strict
+from rlhf_configs.gsm8k import make_tiny, score_flexible_too
+from rlhf_configs.tasks import grpo_stage
 
 NAME = "qwen_gsm8k"
 
 
-def base(model: str = "Qwen/Qwen2.5-0.5B-Instruct", data_dir: str = "~/data/gsm8k") -> fdl.Config[Experiment]:
-    stage = gsm8k_rl_stage(model, os.path.expanduser(data_dir))
+def base(
+    model: str = "Qwen/Qwen2.5-0.5B-Instruct", data_dir: str = "~/data/gsm8k", lr: float = 1e-6
+) -> fdl.Config[Experiment]:
+    """verl's GSM8K GRPO run: n=5, k3 KL loss 0.001, bf16 compute on fp32 AdamW weights (`grpo_stage`)."""
+    stage = grpo_stage(model, os.path.expanduser(data_dir), scorers={"openai/gsm8k": gsm8k_strict}, name="gsm8k",
+                       lr=lr, total_steps=435)  # 15 epochs of 7473 problems at 256 per step
+    score_flexible_too(stage)
     if auto_engine_name() == "vllm":
         stage.policy.worker.engine = vllm_engine()
         print(f"[{NAME}] rollout engine: vLLM (colocated, synced after every update)", file=sys.stderr)

@@ -18,13 +18,17 @@ from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf_configs.algorithms import use_gae_with_critic
-from rlhf_configs.gsm8k import gsm8k_rl_stage, make_tiny
+from rlhf.rewards.gsm8k import gsm8k_strict
+from rlhf_configs.gsm8k import make_tiny, score_flexible_too
+from rlhf_configs.tasks import grpo_stage
 
 NAME = "qwen_gsm8k_ppo"
 
 
 def base(model: str = "Qwen/Qwen2.5-0.5B-Instruct", data_dir: str = "~/data/gsm8k") -> fdl.Config[Experiment]:
-    stage = gsm8k_rl_stage(model, os.path.expanduser(data_dir))
+    stage = grpo_stage(model, os.path.expanduser(data_dir), scorers={"openai/gsm8k": gsm8k_strict}, name="gsm8k",
+                       total_steps=435)  # 15 epochs of 7473 problems at 256 per step
+    score_flexible_too(stage)
     use_gae_with_critic(stage, critic_lr=1e-5)
     stage.sampling.n = 1  # PPO with a critic needs no group of samples per prompt
     stage.prompts_per_step = 1024

@@ -30,9 +30,10 @@ from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import StageOutput
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import Evaluator
-from rlhf_configs.gsm8k import gsm8k_rl_stage
+from rlhf_configs.gsm8k import score_flexible_too
 from rlhf_configs.pieces import tiny_model
 from rlhf_configs.sft import sft_stage
+from rlhf_configs.tasks import grpo_stage
 
 NAME = "sft_gsm8k"
 
@@ -57,7 +58,7 @@ def base(model: str = "Qwen/Qwen2.5-0.5B", data_dir: str = "~/data/gsm8k") -> fd
         batch_size=64, micro_batch_size=8, lr=1e-5, warmup_steps=10, max_length=1024, response_key="answer",
         test_freq=50, save_freq=100, gpus_per_worker=1,
     )
-    sft.policy.worker.compute_dtype = "bfloat16"  # fp32 master weights, bf16 compute
+    sft.policy.worker.training.compute_dtype = "bfloat16"  # fp32 master weights, bf16 compute
     sft.evaluator = gsm8k_evaluator(sft.data.tokenizer, f"{data_dir}/test.parquet")
     return fdl.Config(
         Experiment,
@@ -73,9 +74,9 @@ def tiny(cfg: fdl.Config[Experiment]) -> None:
     model = tiny_model(f"outputs/{NAME}/tiny-init-h64-l2", hidden_size=64, num_layers=2)
     sft = cfg.stages["sft"]
     sft.policy.worker.model_path = model
-    sft.policy.worker.compute_dtype = "float32"
+    sft.policy.worker.training.compute_dtype = "float32"
     sft.policy.worker.optimizer.lr = 3e-3
-    sft.policy.worker.micro_batch_size = 16
+    sft.policy.worker.training.micro_batch_size = 16
     sft.policy.gpus_per_worker = 0
     sft.data.tokenizer.name_or_path = model
     sft.data.rows = fdl.Config(gsm8k_like_rows, n=512, seed=0, split="train")
@@ -94,7 +95,10 @@ def tiny(cfg: fdl.Config[Experiment]) -> None:
 def then_grpo(cfg: fdl.Config[Experiment], data_dir: str = "~/data/gsm8k") -> None:
     """A second stage: GRPO on GSM8K starting from the SFT checkpoint (the RL run's Aim parent is the SFT run)."""
     checkpoint = fdl.Config(StageOutput, stage="sft")
-    cfg.stages["grpo"] = gsm8k_rl_stage(checkpoint, os.path.expanduser(data_dir))
+    stage = grpo_stage(checkpoint, os.path.expanduser(data_dir), scorers={"openai/gsm8k": gsm8k_strict}, name="gsm8k",
+                       total_steps=435)  # 15 epochs of 7473 problems at 256 per step
+    score_flexible_too(stage)
+    cfg.stages["grpo"] = stage
 
 
 if __name__ == "__main__":

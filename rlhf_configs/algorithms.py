@@ -14,7 +14,9 @@ from rlhf.workers.critic import CriticWorker
 def use_gae_with_critic(
     stage: fdl.Config[RLTrainer], critic_lr: float = 1e-5, gamma: float = 1.0, lam: float = 1.0, kl_coef: float = 0.001
 ) -> None:
-    """Classic PPO: a critic group colocated with the policy, GAE advantages, KL as a reward penalty."""
+    """Classic PPO: a critic group colocated with the policy, GAE advantages, KL as a reward penalty.
+    The critic shares the policy's `training` node (compute dtype, micro- and mini-batches, ...), so a
+    later override of it reaches both; only the optimizer (`critic_lr`) is the critic's own."""
     worker = stage.policy.worker
     stage.critic = fdl.Config(
         Remote,
@@ -24,9 +26,7 @@ def use_gae_with_critic(
             model_path=worker.model_path,
             value_loss=fdl.Config(ClippedValueLoss, clip_range=0.5),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=critic_lr),
-            compute_dtype=worker.compute_dtype,
-            micro_batch_size=worker.micro_batch_size,
-            mini_batches=worker.mini_batches,
+            training=worker.training,  # the same node: fiddle shares it, not a copy of its values
         ),
         num_workers=stage.policy.num_workers,
         cpus_per_worker=stage.policy.cpus_per_worker,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import fiddle as fdl
 from fiddle import selectors
 
@@ -13,6 +15,7 @@ from rlhf.workers.critic import CriticWorker
 from rlhf.workers.fsdp import FSDP
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.reward_model import RewardModelWorker
+from rlhf.workers.training import TrainingSetup
 
 
 def local(cfg: fdl.Config[Experiment]) -> None:
@@ -44,5 +47,8 @@ def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> Non
     """Shard every trained and frozen model with FSDP2 (also on CPUs, over gloo; with `workers(n=2)`
     each of 2 ranks holds half of every model). The plan (`--print_plan`) shows the shard sizes."""
     strategy = "fsdp" if reshard_after_forward else fdl.Config(FSDP, reshard_after_forward=False)
-    for worker in (PolicyWorker, CriticWorker, RewardModelWorker):
-        selectors.select(cfg, worker, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do
+    for role in (PolicyWorker, CriticWorker, RewardModelWorker):
+        for worker in selectors.select(cfg, role, check_nonempty=False):
+            if not isinstance(worker.training, fdl.Config):  # a worker on its default setup gets a node
+                worker.training = fdl.Config(TrainingSetup, **dataclasses.asdict(worker.training))
+    selectors.select(cfg, TrainingSetup, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do

@@ -32,6 +32,7 @@ from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import SFTObjective
+from rlhf.workers.training import TrainingSetup
 from rlhf_configs.pieces import policy_group
 
 
@@ -71,8 +72,8 @@ def sft_stage(
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.01),
             lr_scheduler=fdl.Partial(get_cosine_schedule_with_warmup, num_warmup_steps=warmup_steps,
                                      num_training_steps=steps),
-            micro_batch_size=micro_batch_size,
-            compute_dtype=compute_dtype,  # weights and AdamW state stay float32
+            training=fdl.Config(TrainingSetup, micro_batch_size=micro_batch_size,
+                                compute_dtype=compute_dtype),  # weights and AdamW state stay float32
         ),
         data=dataset(data, "train"),
         val_data=dataset(val, "val") if val is not None else None,

@@ -25,6 +25,7 @@ from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.reward_model import RewardModelWorker
+from rlhf.workers.training import TrainingSetup
 from rlhf_configs.pieces import policy_group
 
 
@@ -66,10 +67,13 @@ def grpo_stage(
                 kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=kl_coef),
             ),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.01),
-            compute_dtype="bfloat16",  # bf16 matmuls; weights and AdamW state stay fp32
-            micro_batch_size=16,  # rows per forward where no token budget applies
-            max_tokens_per_micro_batch=16384,  # rows grouped by length, trimmed (verl: ppo_max_token_len_per_gpu)
-            mini_batches=4,
+            training=fdl.Config(
+                TrainingSetup,
+                compute_dtype="bfloat16",  # bf16 matmuls; weights and AdamW state stay fp32
+                micro_batch_size=16,  # rows per forward where no token budget applies
+                max_tokens_per_micro_batch=16384,  # rows grouped by length, trimmed (verl: ppo_max_token_len_per_gpu)
+                mini_batches=4,  # e.g. 256 prompts x 5 = 1280 samples per step -> 4 optimizer steps of 320
+            ),
             gpus_per_worker=1,
         ),
         tokenizer=tokenizer,
@@ -153,8 +157,7 @@ def use_reward_model(
             RewardModelWorker,
             model_path=model_path,
             tokenizer_path=tokenizer_path,
-            dtype=policy.worker.compute_dtype,  # frozen: stored in the compute dtype
-            micro_batch_size=policy.worker.micro_batch_size,
+            training=policy.worker.training,  # the policy's node: its strategy, micro-batches, compute dtype
             max_length=max_length,
         ),
         num_workers=policy.num_workers,

@@ -1,5 +1,6 @@
 """Shared test fixtures' building blocks: the tiny model, built once per session."""
 
+import dataclasses
 import functools
 import os
 import tempfile
@@ -21,15 +22,26 @@ def tiny_model_path(hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -
     )
 
 
+def training_knobs(kw: dict, into=None) -> dict:
+    """`kw` with TrainingSetup's fields (micro_batch_size=4, strategy="fsdp", ...) moved into one
+    `training=` argument: a TrainingSetup, or `into(**knobs)` (e.g. a `fdl.Config` of it) for graphs."""
+    from rlhf.workers.training import TrainingSetup
+
+    fields = {f.name for f in dataclasses.fields(TrainingSetup)}
+    knobs = {k: kw.pop(k) for k in list(kw) if k in fields}
+    return {**kw, "training": (into or TrainingSetup)(**knobs)}
+
+
 def grpo_worker(**kw):
-    """A PolicyWorker on the tiny model with a PPO-clip + k3 KL objective."""
+    """A PolicyWorker on the tiny model with a PPO-clip + k3 KL objective; TrainingSetup's fields
+    (micro_batch_size: 4 here) may be given as keywords."""
     from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
     from rlhf.workers.objectives import PolicyObjective
     from rlhf.workers.policy import PolicyWorker
 
     path = tiny_model_path()
     objective = PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1))
-    return PolicyWorker(path, objective=objective, ref_model_path=path, micro_batch_size=4, **kw)
+    return PolicyWorker(path, objective=objective, ref_model_path=path, **training_knobs({"micro_batch_size": 4, **kw}))
 
 
 def scored_rollout(worker, prompts=4, n=4, seed=0):
@@ -49,10 +61,12 @@ def scored_rollout(worker, prompts=4, n=4, seed=0):
 
 def group_plan(num_workers, **worker):
     """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker);
-    `worker`: more PolicyWorker arguments (`optimizer` replaces the default SGD)."""
+    `worker`: more PolicyWorker arguments (`optimizer` replaces the default SGD), TrainingSetup's fields
+    among them (they go to the worker's `training` node)."""
     from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
     from rlhf.runtime.plan import compile_graph
     from rlhf.workers.objectives import PolicyObjective
+    from rlhf.workers.training import TrainingSetup
     from rlhf_configs.pieces import policy_group
 
     path = tiny_model_path()
@@ -61,12 +75,10 @@ def group_plan(num_workers, **worker):
     )
     # SGD: the update is lr * gradient, so comparing parameters compares gradients. (Adam's first
     # step is ~lr * sign(g): float noise flips near-zero gradients and hides what is compared.)
-    worker = {"optimizer": fdl.Partial(torch.optim.SGD, lr=0.1), **worker}
+    worker = training_knobs({"optimizer": fdl.Partial(torch.optim.SGD, lr=0.1), "micro_batch_size": 3, **worker},
+                            into=lambda **knobs: fdl.Config(TrainingSetup, **knobs))
     return compile_graph(
-        policy_group(
-            num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, micro_batch_size=3,
-            **worker,
-        )
+        policy_group(num_workers=num_workers, model_path=path, ref_model_path=path, objective=objective, **worker)
     )
 
 

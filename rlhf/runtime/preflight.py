@@ -456,13 +456,13 @@ def _batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
         policy = args.get("policy")
         if not _is(policy, Remote):
             continue
-        group, worker = _args(policy), _get(policy, "worker")
+        group, training = _args(policy), _get(_get(policy, "worker"), "training")  # a TrainingSetup (node)
         if _is(node, RLTrainer):
             field, prompts, n = "prompts_per_step", args.get("prompts_per_step"), _get(args.get("sampling"), "n")
         else:
             field, prompts, n = "batch_size", args.get("batch_size"), 1
-        numbers = (prompts, n, group.get("num_workers"), _get(worker, "mini_batches"), _get(worker, "micro_batch_size"),
-                   _get(worker, "epochs"))
+        numbers = (prompts, n, group.get("num_workers"), _get(training, "mini_batches"),
+                   _get(training, "micro_batch_size"), _get(training, "epochs"))
         if not all(isinstance(x, int) and x > 0 for x in numbers):
             continue  # not plain numbers (unresolved or bad values): the components' own checks apply
         workers, note = numbers[2], ""
@@ -493,7 +493,7 @@ def _check_batch(b: BatchArithmetic, report: Report) -> None:
     if b.mini_batches > rows:
         report.errors.append(
             f"stage {stage!r}: each worker gets {rows} rows per step but the policy worker wants {b.mini_batches} "
-            f"mini-batches. Use at most {rows} (--config set:{path}.policy.worker.mini_batches={rows})."
+            f"mini-batches. Use at most {rows} (--config set:{path}.policy.worker.training.mini_batches={rows})."
         )
     elif rows % b.mini_batches:
         divisors = [d for d in range(1, rows + 1) if rows % d == 0]
@@ -501,7 +501,7 @@ def _check_batch(b: BatchArithmetic, report: Report) -> None:
         report.errors.append(
             f"stage {stage!r}: each worker's {rows} rows per step do not split into {b.mini_batches} equal "
             f"mini-batches (the last would be smaller and weigh as much in its optimizer step). Use a divisor of "
-            f"{rows}, e.g. --config set:{path}.policy.worker.mini_batches={close}, or change the samples per step."
+            f"{rows}, e.g. --config set:{path}.policy.worker.training.mini_batches={close}, or change the samples per step."
         )
     else:
         mini = rows // b.mini_batches
@@ -509,7 +509,7 @@ def _check_batch(b: BatchArithmetic, report: Report) -> None:
             report.warnings.append(
                 f"stage {stage!r}: micro_batch_size={b.micro_batch_size} does not divide the {mini} rows of a "
                 f"mini-batch: the last micro-batch has {mini % b.micro_batch_size} rows (same update, uneven memory "
-                f"use). A divisor of {mini} avoids it (set:{path}.policy.worker.micro_batch_size=...)."
+                f"use). A divisor of {mini} avoids it (set:{path}.policy.worker.training.micro_batch_size=...)."
             )
 
 

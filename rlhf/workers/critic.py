@@ -15,12 +15,11 @@ from transformers import AutoModelForTokenClassification
 
 from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
-from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
-from rlhf.workers.fsdp import Strategy, describe_placement
+from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory
+from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup
 
 
 def _value_head_ready(model: torch.nn.Module) -> torch.nn.Module:
@@ -55,48 +54,23 @@ class CriticWorker:
         value_loss: ClippedValueLoss | None = None,  # None means ClippedValueLoss()
         optimizer: OptimizerFactory = torch.optim.AdamW,
         lr_scheduler: SchedulerFactory | None = None,
-        strategy: Strategy = "auto",
+        training: TrainingSetup = TrainingSetup(),  # placement, compute dtype, batching, clipping, seed (shared)
         dtype: DType = "float32",  # storage of the critic's weights: float32 (master weights; it is trained)
-        compute_dtype: DType = "float32",  # matmuls under autocast; "bfloat16" on GPUs
-        gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, more compute
-        # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
-        max_tokens_per_micro_batch: PositiveInt | None = None,
-        max_tokens_per_forward: PositiveInt | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
-        micro_batch_size: PositiveInt = 64,
-        mini_batches: PositiveInt = 1,
-        epochs: PositiveInt = 1,
-        grad_clip: PositiveFloat | None = 1.0,
-        seed: NonNegativeInt = 0,
     ):
-        check_trainable_precision("CriticWorker", dtype, compute_dtype)
+        check_trainable_precision("CriticWorker", dtype, training.compute_dtype)
         self.value_loss = value_loss if value_loss is not None else ClippedValueLoss()
-        self.trainer = ModelTrainer(
-            value_model_source(model_path, dtype),
-            optimizer,
-            lr_scheduler,
-            strategy=strategy,
-            micro_batch_size=micro_batch_size,
-            mini_batches=mini_batches,
-            epochs=epochs,
-            grad_clip=grad_clip,
-            compute_dtype=compute_dtype,
-            gradient_checkpointing=gradient_checkpointing,
-            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            max_tokens_per_forward=max_tokens_per_forward,
-            prefix="critic",
-        )
-        torch.manual_seed(seed + self.trainer.rank)
+        self.trainer = training.trainer(value_model_source(model_path, dtype), optimizer, lr_scheduler, prefix="critic")
 
     @staticmethod
     def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
         model = {"critic": lambda: value_model_source(arguments["model_path"], arguments["dtype"])}
-        return describe_placement(arguments["strategy"], on_gpu, world_size, model)
+        return describe_placement(arguments["training"].strategy, on_gpu, world_size, model)
 
     @staticmethod
     def preflight(arguments: dict) -> None:
-        check_trainable_precision("CriticWorker", arguments.get("dtype", "float32"),
-                                  arguments.get("compute_dtype", "float32"))
+        """Before any stage runs: a trained critic keeps fp32 master weights; its model path resolves."""
+        check_trainable_precision("CriticWorker", arguments["dtype"], arguments["training"].compute_dtype)
         if isinstance(arguments.get("model_path"), str):
             resolve_model_path(arguments["model_path"])
 

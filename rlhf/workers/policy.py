@@ -19,7 +19,7 @@ from transformers import AutoModelForCausalLM
 
 from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
-from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
+from rlhf.ranges import PositiveInt
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
 from rlhf.models.loading import causal_lm_source, load_tokenizer, resolve_model_path
 from rlhf.models.shared_prefix import response_logits
@@ -27,14 +27,14 @@ from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.fsdp import (
-    FSDP, Strategy, describe_placement, full_tensor, is_sharded, local_parameter_bytes, strategy_name,
+    FSDP, describe_placement, full_tensor, is_sharded, local_parameter_bytes, strategy_name,
 )
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.workers.lora import merged, save_adapter
 from rlhf.workers.state_io import unsharded_copy
-from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, place_model
+from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 
 
 def response_log_probs(
@@ -144,23 +144,14 @@ class PolicyWorker:
         # the rollout engine (rlhf.rollout.engine): HFEngine shares the actor's module; others
         # (VLLMEngine) are built from model_path and get the actor's weights after each update
         engine: EngineFactory = HFEngine,
-        strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs
+        training: TrainingSetup = TrainingSetup(),  # placement, compute dtype, batching, clipping, seed (shared)
         dtype: DType = "float32",  # storage of the policy's weights: float32 when trained (master weights)
-        compute_dtype: DType = "float32",  # matmuls (autocast) and the reference model's storage; "bfloat16" on GPUs
-        micro_batch_size: PositiveInt = 64,  # rows per forward/backward (gradient accumulation below it)
-        gradient_checkpointing: bool = False,  # recompute activations in backward: less memory, ~30% more compute
-        # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
-        max_tokens_per_micro_batch: PositiveInt | None = None,
-        max_tokens_per_forward: PositiveInt | None = None,  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
         logits_block_elements: PositiveInt | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
         fused_lm_head: bool | None = None,  # LM head applied per block (no (B,T,V) logits); None: on GPUs
-        mini_batches: PositiveInt = 1,  # optimizer steps per update call per epoch (PPO mini-batches)
-        epochs: PositiveInt = 1,  # passes over the batch per update call (PPO epochs)
-        grad_clip: PositiveFloat | None = 1.0,  # max global gradient norm; None: no clipping
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(r=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
-        seed: NonNegativeInt = 0,
     ):
+        compute_dtype = training.compute_dtype
         if objective is not None:
             check_trainable_precision("PolicyWorker", dtype, compute_dtype)
         if getattr(objective, "needs_ref", False) and ref_model_path is None:
@@ -172,22 +163,12 @@ class PolicyWorker:
         self.adapter = adapter
         self.tokenizer = load_tokenizer(model_path)
         source = causal_lm_source(model_path, dtype)
-        self.trainer = ModelTrainer(
+        self.trainer = training.trainer(
             source.wrapped(adapter) if adapter is not None else source,
             optimizer if objective is not None else None,
             lr_scheduler,
-            strategy=strategy,
-            micro_batch_size=micro_batch_size,
-            mini_batches=mini_batches,
-            epochs=epochs,
-            grad_clip=grad_clip,
-            compute_dtype=compute_dtype,
-            gradient_checkpointing=gradient_checkpointing,
-            max_tokens_per_micro_batch=max_tokens_per_micro_batch,
-            max_tokens_per_forward=max_tokens_per_forward,
             prefix="actor",
         )
-        torch.manual_seed(seed + self.trainer.rank)
         self.ref_model = None
         if ref_model_path is not None:
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
@@ -200,8 +181,8 @@ class PolicyWorker:
         # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
         fsdp = isinstance(self.trainer.strategy, FSDP)
         if shared_prefix is None:
-            shared_prefix = not fsdp and not gradient_checkpointing
-        elif shared_prefix and gradient_checkpointing:
+            shared_prefix = not fsdp and not training.gradient_checkpointing
+        elif shared_prefix and training.gradient_checkpointing:
             raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
                              "turns off in training; set one of them to False")
         self.shared_prefix = shared_prefix
@@ -217,10 +198,11 @@ class PolicyWorker:
     @staticmethod
     def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
+        training = arguments["training"]
         models = {"actor": lambda: causal_lm_source(arguments["model_path"], arguments["dtype"])}
         if arguments.get("ref_model_path") is not None:
-            models["reference"] = lambda: causal_lm_source(arguments["ref_model_path"], arguments["compute_dtype"])
-        return describe_placement(arguments["strategy"], on_gpu, world_size, models)
+            models["reference"] = lambda: causal_lm_source(arguments["ref_model_path"], training.compute_dtype)
+        return describe_placement(training.strategy, on_gpu, world_size, models)
 
     def _log_placement(self) -> None:
         """Each rank says what it holds (under FSDP: its shards)."""
@@ -231,10 +213,10 @@ class PolicyWorker:
     @staticmethod
     def preflight(arguments: dict) -> None:
         """Before any stage runs (see rlhf.runtime.preflight_hooks): every model path given as a string must
-        resolve, and a trained policy must keep fp32 master weights."""
+        resolve, and a trained policy must keep fp32 master weights. `training` is a TrainingSetup or
+        its unbuilt node: both answer attribute reads, with the signature's defaults."""
         if arguments.get("objective") is not None:
-            check_trainable_precision("PolicyWorker", arguments.get("dtype", "float32"),
-                                      arguments.get("compute_dtype", "float32"))
+            check_trainable_precision("PolicyWorker", arguments["dtype"], arguments["training"].compute_dtype)
         for key in ("model_path", "ref_model_path"):
             if isinstance(arguments.get(key), str):
                 resolve_model_path(arguments[key])

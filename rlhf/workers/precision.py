@@ -33,18 +33,18 @@ def check_trainable_precision(owner: str, dtype: str, compute_dtype: str) -> Non
     owner: the component's name for the message, e.g. "PolicyWorker".
     """
     torch_dtype(dtype, f"{owner}.dtype")
-    torch_dtype(compute_dtype, f"{owner}.compute_dtype")
+    torch_dtype(compute_dtype, f"{owner}.training.compute_dtype")
     if dtype != "float32":
         raise ValueError(
             f"{owner}.dtype={dtype!r} stores the trained weights in {dtype}: AdamW updates at RL learning "
             f"rates (~1e-6) round away in {dtype} (one step changes ~1% of the weights). Set "
             f"{owner}.dtype='float32' (fp32 master weights and optimizer state) and "
-            f"{owner}.compute_dtype='bfloat16' for bf16 speed."
+            f"{owner}.training.compute_dtype='bfloat16' for bf16 speed."
         )
     if compute_dtype == "float16":
         raise ValueError(
-            f"{owner}.compute_dtype='float16' needs loss scaling to train, which rlhf does not do. "
-            f"Use {owner}.compute_dtype='bfloat16' (same speed on GPUs that have it, no scaling needed)."
+            f"{owner}.training.compute_dtype='float16' needs loss scaling to train, which rlhf does not do. "
+            f"Use {owner}.training.compute_dtype='bfloat16' (same speed on GPUs that have it, no scaling needed)."
         )
 
 

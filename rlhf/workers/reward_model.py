@@ -23,9 +23,9 @@ from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
 from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
-from rlhf.workers.fsdp import Strategy, describe_placement
+from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.dispatch import shard
-from rlhf.workers.training import ModelTrainer
+from rlhf.workers.training import ModelTrainer, TrainingSetup
 
 
 def _reward_head_ready(model: torch.nn.Module) -> torch.nn.Module:
@@ -78,23 +78,24 @@ class RewardModelWorker:
         self,
         model_path: str,  # a sequence-classification reward model (hub id or local folder)
         tokenizer_path: str | None = None,  # its tokenizer with the chat template; None: model_path
-        strategy: Strategy = "auto",
-        dtype: str = "float32",  # weights' dtype ("bfloat16" on GPUs)
-        micro_batch_size: PositiveInt = 16,  # conversations per forward pass
+        # strategy, micro_batch_size (conversations per forward pass) and compute_dtype, which the frozen
+        # weights are stored in, as the reference policy's; a recipe passes the policy's own node
+        training: TrainingSetup = TrainingSetup(micro_batch_size=16),
         max_length: PositiveInt = 2048,  # tokens per conversation after the chat template (left part cut)
     ):
         self.tokenizer = load_reward_tokenizer(tokenizer_path or model_path)
-        self.trainer = ModelTrainer(
-            reward_model_source(model_path, dtype), None, strategy=strategy, micro_batch_size=micro_batch_size,
-            prefix="reward_model",
+        self.trainer = ModelTrainer(  # not training.trainer(): a frozen model leaves torch's seed alone
+            reward_model_source(model_path, training.compute_dtype), None, strategy=training.strategy,
+            micro_batch_size=training.micro_batch_size, prefix="reward_model",
         )
         self.max_length = max_length
 
     @staticmethod
     def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
-        model = {"reward model": lambda: reward_model_source(arguments["model_path"], arguments["dtype"])}
-        return describe_placement(arguments["strategy"], on_gpu, world_size, model)
+        training = arguments["training"]
+        model = {"reward model": lambda: reward_model_source(arguments["model_path"], training.compute_dtype)}
+        return describe_placement(training.strategy, on_gpu, world_size, model)
 
     @staticmethod
     def preflight(arguments: dict) -> None:

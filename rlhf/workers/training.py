@@ -14,6 +14,7 @@ optimizer state stay in the dtype the model was loaded in (float32 for trained m
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -25,6 +26,7 @@ import torch
 from rlhf.batch import Batch
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.models.loading import ModelSource
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.workers import state_io
 from rlhf.workers.accelerator import make_accelerator
 from rlhf.workers.fsdp import FSDP, Strategy, build_sharded, full_tensor, is_sharded, resolve_strategy, shard_model
@@ -36,6 +38,45 @@ SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LR
 Metric = torch.Tensor | float  # a 0-d device tensor (no host sync) or a Python number
 # (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens)
 MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, Metric]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingSetup:
+    """How a worker's model is placed and trained: the knobs the policy, the critic and a reward model share.
+
+    One node of the graph that every worker takes as `training=`: a recipe that adds a critic or a
+    reward model passes the policy's node itself (fiddle shares a node referenced twice), so a later
+    `set:...policy.worker.training.micro_batch_size=8` reaches every role at once. What is about one
+    model stays on its worker: the storage `dtype`, the optimizer and its learning rate (a critic
+    usually has its own, as in verl's separate actor and critic optim configs).
+    """
+
+    strategy: Strategy = "auto"  # "auto": FSDP on GPUs, DDP on CPUs; "fsdp" runs on CPUs too (gloo)
+    compute_dtype: DType = "float32"  # matmuls (autocast) and frozen models' storage; "bfloat16" on GPUs
+    micro_batch_size: PositiveInt = 64  # rows per forward/backward (gradient accumulation below it)
+    # token budget per training micro-batch, rows x longest row (verl's ppo_max_token_len_per_gpu); None: rows
+    max_tokens_per_micro_batch: PositiveInt | None = None
+    max_tokens_per_forward: PositiveInt | None = None  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
+    gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more compute
+    mini_batches: PositiveInt = 1  # optimizer steps per update call per epoch (PPO mini-batches)
+    epochs: PositiveInt = 1  # passes over the batch per update call (PPO epochs)
+    grad_clip: PositiveFloat | None = 1.0  # max global gradient norm; None: no clipping
+    seed: NonNegativeInt = 0  # torch's seed on rank r is seed + r
+
+    def trainer(
+        self, model: torch.nn.Module | ModelSource, optimizer: OptimizerFactory | None,
+        lr_scheduler: SchedulerFactory | None = None, prefix: str = "actor",
+    ) -> ModelTrainer:
+        """A `ModelTrainer` with these settings, after seeding torch with `seed + rank`."""
+        trainer = ModelTrainer(
+            model, optimizer, lr_scheduler, strategy=self.strategy, micro_batch_size=self.micro_batch_size,
+            mini_batches=self.mini_batches, epochs=self.epochs, grad_clip=self.grad_clip, prefix=prefix,
+            compute_dtype=self.compute_dtype, gradient_checkpointing=self.gradient_checkpointing,
+            max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
+            max_tokens_per_forward=self.max_tokens_per_forward,
+        )
+        torch.manual_seed(self.seed + trainer.rank)
+        return trainer
 
 
 class ModelTrainer:

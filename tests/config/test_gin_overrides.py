@@ -271,7 +271,7 @@ def test_debug_and_cpu_on_qwen_gsm8k(experiments):
     assert (grpo.total_steps, grpo.prompts_per_step, grpo.sampling.max_new_tokens) == (2, 4, 8)
     assert grpo.evaluator.sampling.max_new_tokens == 8
     assert grpo.policy.gpus_per_worker == 0
-    assert (grpo.policy.worker.dtype, grpo.policy.worker.strategy) == ("float32", "ddp")
+    assert (grpo.policy.worker.dtype, grpo.policy.worker.training.strategy) == ("float32", "ddp")
     assert gin_entries(grpo, "total_steps") == [f"{SHIPPED / 'debug.gin'}:5"]
 
 
@@ -379,8 +379,8 @@ def test_the_docs_gin_example_applies_to_qwen_gsm8k(experiments):
     assert grpo.total_steps == 50 and grpo.sampling.max_new_tokens == 2048
     assert fdl.get_callable(grpo.advantage).__name__ == "RLOO"
     assert isinstance(grpo.policy.worker.objective.kl_loss.estimator, fdl.Partial)
-    assert (grpo.policy.worker.micro_batch_size, grpo.policy.worker.mini_batches) == (4, 2)
-    assert grpo.policy.worker.strategy == "ddp"  # from the included cpu.gin
+    assert (grpo.policy.worker.training.micro_batch_size, grpo.policy.worker.training.mini_batches) == (4, 2)
+    assert grpo.policy.worker.training.strategy == "ddp"  # from the included cpu.gin
 
 
 def test_every_place_the_verl_table_names_exists(experiments):

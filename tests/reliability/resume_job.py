@@ -36,6 +36,7 @@ from rlhf.trainers.records import RolloutRecorder
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf_configs.pieces import policy_group
+from rlhf.workers.training import TrainingSetup
 
 TOTAL_STEPS = 8
 
@@ -58,8 +59,8 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
             ),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-3),
             lr_scheduler=fdl.Partial(get_cosine_schedule_with_warmup, num_warmup_steps=2, num_training_steps=16),
-            micro_batch_size=8,
-            mini_batches=2,  # off-policy: old log-probs, two optimizer steps per RL step
+            training=fdl.Config(TrainingSetup, micro_batch_size=8,
+                                mini_batches=2),  # off-policy: old log-probs, two optimizer steps per RL step
         ),
         tokenizer=tokenizer,
         train_data=train_data,

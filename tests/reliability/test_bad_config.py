@@ -51,8 +51,8 @@ def test_a_bad_value_is_a_preflight_error_naming_it(tiny, command, expected):
 
 
 def test_a_zero_micro_batch_is_a_preflight_error(tiny):
-    message = refused(tiny, "set:stages.grpo.policy.worker.micro_batch_size=0")
-    assert "stages.grpo.policy.worker.micro_batch_size = 0: PolicyWorker.micro_batch_size expects int > 0" in message
+    message = refused(tiny, "set:stages.grpo.policy.worker.training.micro_batch_size=0")
+    assert "stages.grpo.policy.worker.training.micro_batch_size = 0: TrainingSetup.micro_batch_size expects int > 0" in message
 
 
 def test_print_plan_exits_non_zero_when_the_run_would_refuse(tiny, capsys):

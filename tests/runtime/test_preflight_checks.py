@@ -59,7 +59,7 @@ def test_table_counts_workers_mini_and_micro_batches(arithmetic):
     graph = arithmetic.base()
     common.workers(graph, n=2)
     worker = graph.stages["grpo"].policy.worker
-    worker.mini_batches, worker.micro_batch_size, worker.epochs = 4, 8, 2
+    worker.training.mini_batches, worker.training.micro_batch_size, worker.training.epochs = 4, 8, 2
     (_, grpo) = batch_arithmetic(graph)
     # 512 samples / 2 workers = 256 rows; 4 mini-batches of 64; micro-batches of 8 -> 8; 2 epochs x 4 = 8 steps.
     assert (grpo.rows_per_worker, grpo.rows_per_mini_batch, grpo.micro_batches, grpo.optimizer_steps) == (256, 64, 8, 8)
@@ -90,23 +90,23 @@ def test_samples_that_do_not_split_over_workers(arithmetic):
 def test_rows_that_do_not_split_into_mini_batches(arithmetic):
     graph = arithmetic.base()
     graph.stages["grpo"].prompts_per_step = 16
-    graph.stages["grpo"].policy.worker.mini_batches = 3
+    graph.stages["grpo"].policy.worker.training.mini_batches = 3
     message = one_error(graph)
     assert "each worker's 128 rows per step do not split into 3 equal mini-batches" in message
-    assert "set:stages.grpo.policy.worker.mini_batches=2" in message  # the closest divisor of 128
+    assert "set:stages.grpo.policy.worker.training.mini_batches=2" in message  # the closest divisor of 128
 
 
 def test_more_mini_batches_than_rows(arithmetic):
     graph = arithmetic.base()
     graph.stages["sft"].batch_size = 4
-    graph.stages["sft"].policy.worker.mini_batches = 8
+    graph.stages["sft"].policy.worker.training.mini_batches = 8
     assert "each worker gets 4 rows per step but the policy worker wants 8 mini-batches" in one_error(graph)
 
 
 def test_micro_batches_that_do_not_divide_are_a_warning(arithmetic):
     graph = arithmetic.base()
     graph.stages["grpo"].prompts_per_step = 16
-    graph.stages["grpo"].policy.worker.micro_batch_size = 48
+    graph.stages["grpo"].policy.worker.training.micro_batch_size = 48
     report = check_experiment(graph, cpus=16, gpus=0)
     assert report.errors == []
     (warning,) = report.warnings

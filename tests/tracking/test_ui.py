@@ -90,7 +90,7 @@ def test_a_sweep_shows_one_curve_per_run_coloured_by_the_swept_value(tmp_path):
         [sys.executable, str(ROOT / "experiments" / "arithmetic_tiny.py"),
          "--config", "fiddler:local", "--config", "fiddler:quiet",
          "--config", "set:stages.sft.total_steps=5", "--config", "set:stages.sft.batch_size=32",
-         "--config", "set:stages.sft.policy.worker.micro_batch_size=32",
+         "--config", "set:stages.sft.policy.worker.training.micro_batch_size=32",
          "--config", "set:stages.sft.data.rows.n=256", "--config", "set:stages.sft.evaluator.dataset.rows.n=8",
          "--config", "set:tracker.repo='aim'", "--stages", "sft",
          "--sweep", f"lr_sweep(stage='sft', values={LRS!r})"],

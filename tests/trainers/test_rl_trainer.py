@@ -22,6 +22,7 @@ from rlhf.runtime.local import LocalRuntime
 from rlhf.trainers.export import export_checkpoint
 from rlhf.trainers.rl import NonFiniteTrainingError, RLTrainer
 from rlhf_configs.pieces import policy_group
+from rlhf.workers.training import TrainingSetup
 from helpers import tiny_model_path
 from nan_objective import NaNObjective
 
@@ -31,7 +32,7 @@ def experiment(tmp_path, objective, **trainer):
     tok = fdl.Config(load_tokenizer, model)
     stage = fdl.Config(
         RLTrainer,
-        policy=policy_group(model_path=model, objective=objective, micro_batch_size=8),
+        policy=policy_group(model_path=model, objective=objective, training=fdl.Config(TrainingSetup, micro_batch_size=8)),
         tokenizer=tok,
         train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=16), tokenizer=tok),
         reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),

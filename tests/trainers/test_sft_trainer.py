@@ -13,12 +13,14 @@ from rlhf.trainers.context import StageContext
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import SFTObjective
 from rlhf_configs.pieces import policy_group
+from rlhf.workers.training import TrainingSetup
 from helpers import tiny_model_path
 
 
 def start_policy(lr=1e-2):
     group = policy_group(model_path=tiny_model_path(), objective=fdl.Config(SFTObjective),
-                         optimizer=fdl.Partial(torch.optim.AdamW, lr=lr), micro_batch_size=3)  # 8 rows: 3 + 3 + 2
+                         optimizer=fdl.Partial(torch.optim.AdamW, lr=lr),
+                         training=fdl.Config(TrainingSetup, micro_batch_size=3))  # 8 rows: 3 + 3 + 2
     runtime = LocalRuntime()
     return runtime, runtime.start_groups(compile_graph(group))["policy"]
 

@@ -18,6 +18,7 @@ from rlhf.rollout import HFEngine, SamplingParams
 from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.training import TrainingSetup
 
 pytestmark = pytest.mark.vllm
 
@@ -35,7 +36,7 @@ def worker():
     engine = functools.partial(VLLMEngine, dtype="float32", max_model_len=256, max_num_seqs=64)
     sgd = functools.partial(torch.optim.SGD, lr=2.0)  # large steps: greedy outputs must change
     return PolicyWorker(vllm_model_path(), objective=PolicyObjective(policy_loss=PPOClipLoss()), optimizer=sgd,
-                        engine=engine, micro_batch_size=16, grad_clip=None)
+                        engine=engine, training=TrainingSetup(micro_batch_size=16, grad_clip=None))
 
 
 def test_grpo_steps_sync_the_engine_after_every_update(worker):

@@ -18,6 +18,7 @@ from rlhf.runtime.plan import compile_graph
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.workers.objectives import PolicyObjective
 from rlhf_configs.pieces import policy_group
+from rlhf.workers.training import TrainingSetup
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -25,7 +26,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 def test_two_fsdp_ranks_stream_their_updates_into_vllm():
     path = vllm_model_path()
     plan = compile_graph(policy_group(
-        num_workers=2, model_path=path, strategy="fsdp", micro_batch_size=16, grad_clip=None,
+        num_workers=2, model_path=path,
+        training=fdl.Config(TrainingSetup, strategy="fsdp", micro_batch_size=16, grad_clip=None),
         objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss)),
         optimizer=fdl.Partial(torch.optim.SGD, lr=2.0),  # large steps: stale weights would show at once
         engine=fdl.Partial(VLLMEngine, dtype="float32", max_model_len=256, max_num_seqs=64),

@@ -9,6 +9,7 @@ from rlhf.data.generators import arithmetic_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
 from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.training import TrainingSetup
 from helpers import grpo_worker, scored_rollout, tiny_model_path
 
 
@@ -35,7 +36,8 @@ def test_trainer_log_probs_match_the_engines_before_any_update():
 
 def test_reference_log_probs_come_from_the_reference_model():
     path, ref_path = tiny_model_path(), tiny_model_path(seed=1)  # a different model as the reference
-    worker = PolicyWorker(path, objective=PolicyObjective(kl_loss=KLLoss()), ref_model_path=ref_path, micro_batch_size=4)
+    worker = PolicyWorker(path, objective=PolicyObjective(kl_loss=KLLoss()), ref_model_path=ref_path,
+                          training=TrainingSetup(micro_batch_size=4))
     batch = scored_rollout(worker)
     mask = batch["response_mask"].bool()
     ref = worker.compute_ref_log_probs(batch)["ref_log_probs"]

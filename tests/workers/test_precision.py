@@ -10,6 +10,7 @@ from rlhf.workers.critic import CriticWorker
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.training import ModelTrainer
+from rlhf.workers.training import TrainingSetup
 from helpers import grpo_worker, scored_rollout, tiny_model_path
 
 LR = 1e-6  # the GSM8K recipes' learning rate
@@ -77,9 +78,9 @@ def test_inference_only_policy_may_be_stored_in_bf16():
 
 def test_float16_training_and_unknown_dtypes_are_refused():
     with pytest.raises(ValueError, match="loss scaling"):
-        PolicyWorker(tiny_model_path(), objective=PolicyObjective(), compute_dtype="float16")
+        PolicyWorker(tiny_model_path(), objective=PolicyObjective(), training=TrainingSetup(compute_dtype="float16"))
     with pytest.raises(ValueError, match="compute_dtype='bf16' is not a supported dtype"):
-        PolicyWorker(tiny_model_path(), objective=PolicyObjective(), compute_dtype="bf16")
+        PolicyWorker(tiny_model_path(), objective=PolicyObjective(), training=TrainingSetup(compute_dtype="bf16"))
 
 
 def test_preflight_names_the_graph_path_before_any_model_loads():

@@ -15,6 +15,7 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
 from rlhf.models.tiny import byte_level_qwen2_tokenizer
 from rlhf.workers.reward_model import RewardModelWorker, conversation_ids
+from rlhf.workers.training import TrainingSetup
 
 # Not ChatML: the policy's template differs, so reusing its token ids would be caught.
 RM_TEMPLATE = (
@@ -53,7 +54,7 @@ def tiny_reward_model() -> str:
 @pytest.fixture(scope="module")
 def worker():
     torch.set_num_threads(1)
-    return RewardModelWorker(tiny_reward_model(), micro_batch_size=3, max_length=256)
+    return RewardModelWorker(tiny_reward_model(), training=TrainingSetup(micro_batch_size=3), max_length=256)
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +87,7 @@ def test_scores_are_deterministic_and_independent_of_batching(worker, batch):
     assert torch.equal(first, again)
     alone = torch.cat([worker.score(batch.index([i]))["rm_scores"] for i in range(5)])
     torch.testing.assert_close(alone, first, atol=1e-5, rtol=1e-5)  # left padding does not move the score
-    reloaded = RewardModelWorker(tiny_reward_model(), micro_batch_size=5, max_length=256)
+    reloaded = RewardModelWorker(tiny_reward_model(), training=TrainingSetup(micro_batch_size=5), max_length=256)
     torch.testing.assert_close(reloaded.score(batch)["rm_scores"], first, atol=1e-5, rtol=1e-5)
 
 

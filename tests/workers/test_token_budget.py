@@ -8,6 +8,7 @@ from rlhf.algos import PPOClipLoss, seq_mean_token_sum_norm
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.training import TrainingSetup
 from helpers import grpo_worker, scored_rollout, tiny_model_path
 
 SGD = lambda params: torch.optim.SGD(params, lr=0.1)  # noqa: E731  (Adam's first step amplifies rounding)
@@ -33,9 +34,9 @@ def test_log_probs_and_update_equal_the_row_count_path():
 def test_critic_values_equal_the_row_count_path():
     batch = scored_rollout(grpo_worker(), prompts=6, n=4)
     torch.manual_seed(0)  # the value head is freshly initialised: the same head for both
-    rows = CriticWorker(tiny_model_path(), micro_batch_size=4)
+    rows = CriticWorker(tiny_model_path(), training=TrainingSetup(micro_batch_size=4))
     torch.manual_seed(0)
-    tokens = CriticWorker(tiny_model_path(), max_tokens_per_forward=BUDGET)
+    tokens = CriticWorker(tiny_model_path(), training=TrainingSetup(max_tokens_per_forward=BUDGET))
     torch.testing.assert_close(tokens.compute_values(batch)["values"], rows.compute_values(batch)["values"],
                                rtol=1e-5, atol=1e-6)
 
@@ -48,7 +49,8 @@ def test_the_dr_grpo_normaliser_is_partition_free():
 
     def worker(**kw):
         objective = PolicyObjective(policy_loss=PPOClipLoss(aggregate=seq_mean_token_sum_norm))
-        return PolicyWorker(path, objective=objective, ref_model_path=path, optimizer=SGD, micro_batch_size=4, **kw)
+        return PolicyWorker(path, objective=objective, ref_model_path=path, optimizer=SGD,
+                            training=TrainingSetup(micro_batch_size=4, **kw))
 
     rows, tokens = worker(), worker(max_tokens_per_micro_batch=BUDGET)
     batch = scored_rollout(rows, prompts=6, n=4)
