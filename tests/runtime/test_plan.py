@@ -73,3 +73,19 @@ def test_unknown_method_lists_the_real_ones():
     groups = LocalRuntime().start_groups(compile_graph(graph()))
     with pytest.raises(AttributeError, match="methods: .*double"):
         groups["echo"].tripple
+
+
+def test_the_plan_shows_strategy_world_size_and_shard_sizes():
+    """FSDP divides every model's parameter bytes over the ranks in the plan's line; DDP does not."""
+    import re
+
+    from helpers import group_plan
+
+    for strategy, world, divisor in (("fsdp", 2, 2), ("ddp", 2, 1), ("fsdp", 1, 1)):
+        text = group_plan(world, strategy=strategy).describe()
+        line = next(x for x in text.splitlines() if "strategy" in x)
+        assert line.strip().startswith(f"strategy {strategy}, world size {world}:"), line
+        sizes = re.findall(r"(actor|reference) ([\d.]+) MB per rank of ([\d.]+) MB", line)
+        assert [name for name, *_ in sizes] == ["actor", "reference"], line
+        for _, per_rank, total in sizes:
+            assert abs(float(per_rank) * divisor - float(total)) < 2e-3, line
