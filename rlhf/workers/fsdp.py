@@ -105,14 +105,15 @@ def shard_model(model: nn.Module, fsdp: FSDP, device: torch.device, param_dtype:
 
 def build_sharded(
     load: Callable[[], nn.Module], skeleton: Callable[[], nn.Module], shard: Callable[[nn.Module], nn.Module],
-    device: torch.device,
+    device: torch.device, shard_device: torch.device | None = None,
 ) -> nn.Module:
     """A sharded model whose weights were read from disk by rank 0 only.
 
     `load()` builds the model with its weights (called on rank 0); `skeleton()` builds the same
     module tree (called on every rank under the meta device, so it allocates nothing); `shard`
     applies FSDP to it. The other ranks receive their shards by broadcast, then every buffer
-    outside the state dict (rotary frequencies) comes from rank 0 too.
+    outside the state dict (rotary frequencies) comes from rank 0 too. `shard_device`: where the
+    shards live (the host under CPU offload; default `device`); buffers always go to `device`.
     """
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
@@ -122,7 +123,10 @@ def build_sharded(
     with torch.device("meta"):
         model = skeleton()
     model = shard(model)
-    model.to_empty(device=device)
+    model.to_empty(device=shard_device or device)
+    for module in model.modules():  # buffers are not sharded or offloaded: they compute on `device`
+        for name, buffer in list(module.named_buffers(recurse=False)):
+            setattr(module, name, buffer.to(device))
     state = dict(full.state_dict()) if full is not None else {}  # a copy: the call replaces its values
     set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
     source = dict(full.named_buffers()) if full is not None else {}

@@ -306,7 +306,8 @@ def place_model(
         return shard_model(module, strategy, device, param_dtype=None if compute == stored else compute)
 
     if isinstance(strategy, FSDP) and isinstance(model, ModelSource):
-        return build_sharded(model.load, model.skeleton, prepare, device)
+        host = torch.device("cpu") if strategy.cpu_offload else None  # CPUOffloadPolicy keeps shards on the host
+        return build_sharded(model.load, model.skeleton, prepare, device, shard_device=host)
     if isinstance(model, ModelSource):
         model = model.load()
     return prepare(model).to(device) if not isinstance(strategy, FSDP) else prepare(model)
