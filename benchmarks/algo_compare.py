@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import tempfile
 import time
@@ -24,20 +23,17 @@ from pathlib import Path
 
 import torch
 
+from rlhf.cli.experiment import load_experiment
+
 ROOT = Path(__file__).parents[1]
 FAMILIES = ["grpo", "ppo", "rloo", "reinforce_pp", "remax", "opo", "gpg", "grpo_passk", "optimal_token_baseline",
             "dapo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "rollout_correction", "pf_ppo"]
 ACCURACY = "val-core/arithmetic/reward/mean@1"
 
 
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def graph(recipe, out: Path, family: str | None = None):
+    """The recipe's graph with one fiddler applied (None or "grpo": the base), on LocalRuntime,
+    untracked and quiet, writing under `out` (also used by vllm_learning.py)."""
     import rlhf_configs.common as common
 
     g = recipe.base()
@@ -60,7 +56,7 @@ def main() -> None:
 
     from rlhf.runtime.experiment import resolve_stage_outputs, run_experiment
 
-    recipe = load_recipe()
+    recipe = load_experiment(str(ROOT / "experiments" / "arithmetic_tiny.py"))
     out = Path(tempfile.mkdtemp(prefix="algo_compare-"))
     results: dict[str, dict] = {}
     if args.sft_checkpoint:

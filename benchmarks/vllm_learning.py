@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import sys
 import tempfile
@@ -29,28 +28,13 @@ import time
 from pathlib import Path
 
 import torch
+from algo_compare import graph  # the recipe on LocalRuntime, untracked, quiet, with one fiddler
+
+from rlhf.cli.experiment import load_experiment
 
 ROOT = Path(__file__).parents[1]
 ACCURACY = "val-core/arithmetic/reward/mean@1"
 ENGINES = {"transformers": "vllm_shape", "vllm": "vllm"}  # engine -> the recipe's fiddler
-
-
-def load_recipe():
-    spec = importlib.util.spec_from_file_location("arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def graph(recipe, out: Path, fiddler: str):
-    import rlhf_configs.common as common
-
-    g = recipe.base()
-    getattr(recipe, fiddler)(g)
-    for f in (common.local, common.no_tracking, common.quiet):
-        f(g)
-    g.output_dir = str(out)
-    return g
 
 
 def main() -> int:
@@ -69,7 +53,7 @@ def main() -> int:
     if not vllm_available():
         sys.exit("benchmarks/vllm_learning.py needs vLLM: run it with .venv-vllm/bin/python "
                  "(created by `bash scripts/test_vllm.sh`)")
-    recipe = load_recipe()
+    recipe = load_experiment(str(ROOT / "experiments" / "arithmetic_tiny.py"))
     out = Path(tempfile.mkdtemp(prefix="vllm_learning-"))
     results: dict[str, dict] = {}
     if args.sft_checkpoint:

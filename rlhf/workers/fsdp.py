@@ -149,7 +149,7 @@ def local_parameter_bytes(model: nn.Module) -> int:
     """Bytes of the parameters this rank holds (its shards under FSDP, everything otherwise)."""
     total = 0
     for p in model.parameters():
-        local = p.to_local() if hasattr(p, "to_local") else p
+        local = local_tensor(p)
         total += local.numel() * local.element_size()
     return total
 
@@ -182,6 +182,12 @@ def describe_placement(
 
 def _mb(n: float) -> str:
     return f"{n / 2**20:.3f} MB" if n < 2**30 else f"{n / 2**30:.2f} GB"
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """This rank's shard of an FSDP parameter (no communication), else `t`."""
+    to_local = getattr(t, "to_local", None)
+    return to_local() if to_local is not None else t
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

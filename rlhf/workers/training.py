@@ -29,7 +29,9 @@ from rlhf.models.loading import ModelSource
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.workers import state_io
 from rlhf.workers.accelerator import make_accelerator
-from rlhf.workers.fsdp import FSDP, Strategy, build_sharded, full_tensor, is_sharded, resolve_strategy, shard_model
+from rlhf.workers.fsdp import (
+    FSDP, Strategy, build_sharded, full_tensor, is_sharded, local_tensor, resolve_strategy, shard_model,
+)
 from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens
 from rlhf.workers.precision import DType, autocast, torch_dtype
 
@@ -280,8 +282,7 @@ class ModelTrainer:
 
     def parameters_finite(self) -> bool:
         """Whether this rank's parameters (its shards under FSDP) are all finite."""
-        return all(torch.isfinite(p.to_local() if hasattr(p, "to_local") else p).all()
-                   for p in self.unwrapped().parameters())
+        return all(torch.isfinite(local_tensor(p)).all() for p in self.unwrapped().parameters())
 
 
 def place_model(
@@ -300,7 +301,7 @@ def place_model(
         if gradient_checkpointing:
             _enable_gradient_checkpointing(module)
         if not isinstance(strategy, FSDP):
-            return module
+            return module.to(device)
         stored = next(module.parameters()).dtype
         compute = torch_dtype(compute_dtype, "compute_dtype")
         return shard_model(module, strategy, device, param_dtype=None if compute == stored else compute)
@@ -310,7 +311,7 @@ def place_model(
         return build_sharded(model.load, model.skeleton, prepare, device, shard_device=host)
     if isinstance(model, ModelSource):
         model = model.load()
-    return prepare(model).to(device) if not isinstance(strategy, FSDP) else prepare(model)
+    return prepare(model)
 
 
 def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
