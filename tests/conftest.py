@@ -25,10 +25,22 @@ def _vllm_missing() -> str | None:
     return None
 
 
+def _real_model_wanted(config) -> bool:
+    """Real-model tests run under scripts/test_real_model.sh (RLHF_REAL_MODEL=1) or when `-m` names
+    them; the main suite skips them (they load a 135M-parameter model: minutes, not seconds)."""
+    return os.environ.get("RLHF_REAL_MODEL", "0") == "1" or "real_model" in (config.getoption("markexpr") or "")
+
+
 def pytest_collection_modifyitems(config, items):
     """`gpu` tests skip where there is no CUDA device, `vllm` tests where vLLM is not installed,
-    with the reason in the report."""
+    `real_model` tests unless asked for, with the reason in the report."""
     import pytest
+
+    if not _real_model_wanted(config):
+        skip = pytest.mark.skip(reason="real-model test: run `bash scripts/test_real_model.sh` (or -m real_model)")
+        for item in items:
+            if item.get_closest_marker("real_model") is not None:
+                item.add_marker(skip)
 
     if not torch.cuda.is_available():
         skip = pytest.mark.skip(reason="needs a CUDA device (marked gpu); run on a GPU machine")
@@ -40,6 +52,18 @@ def pytest_collection_modifyitems(config, items):
     if reason is not None:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    """SmolLM2-135M-Instruct as a plain fp32 model folder, imported once into the cache
+    (`rlhf models import smollm2-135m-instruct`); skips with the reason where it cannot be fetched."""
+    from rlhf.models.importing import ModelImportError, import_model
+
+    try:
+        return str(import_model("smollm2-135m-instruct"))
+    except ModelImportError as err:
+        pytest.skip(f"the real model could not be imported: {err}")
 
 
 @pytest.fixture(autouse=True, scope="session")

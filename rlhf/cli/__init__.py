@@ -31,6 +31,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
   rlhf export CKPT OUT                            a training checkpoint -> Hugging Face model folder
+  rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
   rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
@@ -63,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(export_checkpoint(rest[0], rest[1]))
         return 0
+    if command == "models":
+        from rlhf.cli.models import models_main
+
+        return models_main(rest)
     if command == "rollouts":
         from rlhf.trainers.records import format_records, read_records
 
