@@ -141,6 +141,43 @@ def test_more_steps_need_allow_changes_and_then_really_run(tmp_path, reference):
     assert run["params"]["graph"]["total_steps"] == 10 and run["params"]["status"] == "finished"
 
 
+@pytest.mark.slow
+def test_a_continuation_killed_midway_finishes_on_the_next_run(tmp_path, reference):
+    """8 steps finished; continued to 10 with allow_changes and SIGKILLed after checkpoint 9 (the new graph
+    recorded, the 8-step result.json still there): the same command again runs step 10, it does not report
+    the 8-step result."""
+    out, aim = continued_copy(reference, tmp_path)
+    killed = job(out, aim, "steps=10", "allow_changes", kill={"KILL_AT": "9", "KILL_MODE": "after_checkpoint"})
+    killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL
+    finish(job(out, aim, "steps=10", "allow_changes"))
+    assert sorted({r["step"] for r in read_records(out / STAGE)}) == list(range(1, 11))
+    (run,) = find_runs(str(aim), experiment="resume")
+    assert [s for s, _ in metric_values(str(aim), run["hash"], "actor/pg_loss")] == list(range(1, 11))
+    result = json.loads((out / STAGE / "result.json").read_text())
+    assert result["result"]["metrics"]["actor/pg_loss"] == metric_values(str(aim), run["hash"], "actor/pg_loss")[-1][1]
+    ten, eight = weights(out), weights(reference / "out")
+    assert not all(torch.equal(ten[k], eight[k]) for k in ten)  # final/ holds 10 steps, not the 8-step weights
+
+
+def test_a_copied_run_and_one_killed_before_its_result_report_their_own_weights_and_metrics(tmp_path, reference):
+    """result.json stores paths relative to the stage folder (a copy points at its own final/), and a
+    stage killed between writing final/ and result.json reports its last step's metrics from the
+    checkpoint (it used to report `metrics: {}`)."""
+    import resume_job  # this folder is on sys.path (pytest's rootdir-relative import)
+
+    out, aim = continued_copy(reference, tmp_path)
+    stored = json.loads((reference / "out" / STAGE / "result.json").read_text())
+    expected = stored.get("result", stored)["metrics"]
+    graph = resume_job.graph(tiny_model_path(), str(out), str(aim))
+    assert run_experiment(graph)["rl"]["checkpoint"] == str(out / STAGE / "final")  # finished: read back
+    (out / STAGE / "result.json").unlink()  # the state a kill right after writing final/ leaves
+    rerun = run_experiment(graph)["rl"]  # resumes at checkpoint 8 = the last step: nothing left to run
+    assert rerun["checkpoint"] == str(out / STAGE / "final")
+    assert {k: rerun["metrics"][k] for k in METRICS} == {k: expected[k] for k in METRICS}
+    assert sorted({r["step"] for r in read_records(out / STAGE)}) == list(range(1, 9))
+
+
 def test_resuming_into_a_run_of_another_model_is_a_preflight_error(tmp_path, reference):
     """In-process: the preflight stops it before any model loads."""
     import resume_job  # this folder is on sys.path (pytest's rootdir-relative import)
