@@ -138,14 +138,20 @@ def terminate_as_interrupt() -> Iterator[None]:
     if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
+    received: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        received.append(signum)
         raise Terminated(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except KeyboardInterrupt as err:
+        if received and not isinstance(err, Terminated):  # `ray.get` re-raises any signal as a plain KeyboardInterrupt
+            raise Terminated(f"signal {signal.Signals(received[0]).name}") from err
+        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -185,6 +191,9 @@ def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experime
                 resume=resumable,
             )
             result = dict(stage.run(ctx))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the whole runtime goes now (see RayRuntime.shutdown)
+            runtime.shutdown()
+            raise
         finally:
             runtime.stop_groups()
         result["run_hash"] = run.hash

@@ -20,6 +20,7 @@ from typing import Any, Literal
 import aim
 import aimrocks.errors
 from aim.sdk.index_manager import RepoIndexManager
+from filelock import FileLock
 
 __all__ = ["AimTracker", "TrackedRun", "Status"]
 
@@ -53,7 +54,7 @@ class AimTracker:
         system_tracking_interval: float | None = None,
         capture_terminal_logs: bool = False,
     ) -> None:
-        self.repo = aim.Repo.from_path(str(repo), init=not aim.Repo.exists(str(repo)))
+        self.repo = open_repo(str(repo))
         self.experiment = experiment
         self.artifacts_uri = artifacts_uri or Path(self.repo.path, "artifacts").absolute().as_uri()
         self._system_tracking_interval = system_tracking_interval
@@ -94,7 +95,9 @@ class AimTracker:
         """Reopens an earlier run to continue it (a resumed job logs into the same run).
 
         Re-tracking a step that the run already holds replaces its value, so the steps a
-        resumed job repeats after its last checkpoint are not duplicated.
+        resumed job repeats after its last checkpoint are not duplicated. An `error` left by the
+        attempt that failed moves to `earlier_errors`: a run that then finishes must not show an
+        error beside `status=finished`.
         """
         run = aim.Run(
             run_hash=run_hash,
@@ -106,7 +109,26 @@ class AimTracker:
         )
         tracked = TrackedRun(run, self.repo)
         tracked.set_params({"status": "running", "resumed": int(run.get("resumed") or 0) + 1})
+        error = run.get("error")
+        if error is not None:
+            tracked.set_params({"earlier_errors": [*(run.get("earlier_errors") or []), error]})
+            del run["error"]
         return tracked
+
+
+def open_repo(path: str) -> aim.Repo:
+    """The Aim repository at `path`, created first if absent, under a file lock beside it.
+
+    Aim creates a repository in steps (the `.aim` folder, then its SQLite tables): a second
+    process that sees the folder before the tables exist fails with `no such table: run` (two
+    first runs of a sweep, or two jobs started at once, into a new repository). The lock makes
+    "exists? else create" one step for every process that opens the repository through here.
+    """
+    folder = Path(path).expanduser()
+    root = folder.parent if folder.name == ".aim" else folder
+    root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(root / ".aim.init.lock")):
+        return aim.Repo.from_path(str(folder), init=not aim.Repo.exists(str(folder)))
 
 
 class TrackedRun:

@@ -23,7 +23,7 @@ from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import find_runs, metric_values
 from rlhf.trainers.records import read_records
-from helpers import tiny_model_path
+from helpers import small_disk, tiny_model_path
 
 JOB = Path(__file__).with_name("resume_job.py")
 METRICS = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"]
@@ -31,7 +31,8 @@ STAGE = Path("resume") / "job" / "rl"
 
 
 def job(out: Path, aim: Path, *extra: str, kill: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # the project, and tests/ (helpers)
     env.pop("KILL_AT", None)
     env.update(kill or {})
     return subprocess.Popen(
@@ -206,3 +207,36 @@ def test_a_streamed_dataset_resumes_bit_identically(tmp_path):
     assert logged(aim) == logged(tmp_path / "ref" / "aim")
     state = json.loads((out / STAGE / "checkpoints" / "step_00000008" / "trainer_state.json").read_text())
     assert state["data_position"] == {"epoch": 1, "consumed": 8}  # 6 batches of 4 per epoch, then 2 more
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_the_run_resumes(tmp_path, reference):
+    """A real full filesystem (a 20 MB tmpfs, filled after checkpoint 2): the write of checkpoint 3 fails.
+    The job ends with the documented one-line CheckpointError (it was a 93-line traceback: torch's
+    `CheckpointException` is a BaseException and escaped the handling), no partial folder stays, and
+    once space is freed the same command resumes from checkpoint 2 and ends bit-identical. Its Aim run
+    then says finished, with the earlier error moved to `earlier_errors`."""
+    with small_disk(tmp_path / "disk") as disk:
+        out, aim = disk / "out", tmp_path / "aim"
+        proc = job(out, aim, kill={"KILL_AT": "2", "KILL_MODE": "fill_disk"})
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 1, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        checkpoints = out / STAGE / "checkpoints"
+        assert last.startswith(f"error: could not write checkpoint {checkpoints / 'step_00000003'} ("), last
+        assert "No space left on device" in last and last.endswith("then resume.")
+        assert f"the previous checkpoint {checkpoints / 'step_00000002'} is intact" in last
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000001", "step_00000002"]
+        (run,) = find_runs(str(aim), experiment="resume")
+        assert run["params"]["status"] == "failed" and "CheckpointError" in run["params"]["error"]
+
+        (disk / "out" / "filler").unlink()
+        finish(job(out, aim))
+        expected, resumed = weights(reference / "out"), weights(out)
+        for k in expected:
+            assert torch.equal(expected[k], resumed[k]), k
+        assert logged(aim) == logged(reference / "aim")
+        (run,) = find_runs(str(aim), experiment="resume")
+        assert run["params"]["status"] == "finished" and "error" not in run["params"]
+        assert "CheckpointError" in run["params"]["earlier_errors"][0]
