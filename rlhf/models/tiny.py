@@ -20,6 +20,8 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Tokenizer
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from rlhf.io.atomic import apply_umask
+
 PAD, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 BYTE_VOCAB_SIZE = 256 + 3  # the byte tokenizer's size: 256 byte symbols + the 3 specials
 SETTINGS_FILE = "rlhf_tiny.json"  # the settings a folder was built with (compared on every later use)
@@ -102,7 +104,7 @@ def tiny_qwen2(
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1, sort_keys=True))
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes it 0700; the folder is shared like any other
+        apply_umask(tmp)  # mkdtemp makes the folder 0700 and safetensors its weights 0600
         try:
             os.rename(tmp, target)
         except OSError:  # another process won the race: its folder is identical (or refused below)
@@ -143,12 +145,6 @@ def _check_existing(folder: Path, settings: dict[str, int]) -> None:
             f"like {folder.name}-h{settings['hidden_size']}-l{settings['num_layers']}-s{settings['seed']}), or "
             f"delete the folder to rebuild it."
         )
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def _preflight(arguments: dict[str, Any]) -> None:
