@@ -49,3 +49,25 @@ def test_anything_else_keeps_its_traceback():
     with pytest.raises(ZeroDivisionError):
         with one_line_errors():
             1 / 0
+
+
+def test_ctrl_c_in_a_run_is_one_line_and_ends_by_the_signal(tmp_path):
+    """`rlhf run x.py` stopped with Ctrl-C printed a 112-line traceback; now one line that says how to resume,
+    and the process ends by SIGINT (what a shell or a script checks)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    experiment = Path(__file__).with_name("sleepy_experiment.py")
+    argv = ["run", str(experiment), "--config", f"config:base(out={str(tmp_path)!r})"]
+    code = f"from rlhf.cli import main; main({argv!r})"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2])])})
+    assert proc.stdout.readline().strip() == "running", proc.communicate()[1][-2000:]
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT
+    assert err.strip().splitlines() == ["interrupted by Ctrl-C (SIGINT); stopped cleanly. Run the same command again "
+                                        "to resume from the newest checkpoint."], err
