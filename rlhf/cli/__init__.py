@@ -36,6 +36,10 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
   rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
   rlhf eval MODEL --data FILE --n 8 [--out DIR]   generate, then score
+  rlhf serve MODEL [--port 8000 --api-key KEY]    an OpenAI-compatible server (completions, chat)
+  rlhf doctor [--json]                            versions, devices and what `auto` picks here, for bug reports
+
+`rlhf COMMAND --help` describes a command's options.
 """
 
 
@@ -64,6 +68,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(export_checkpoint(rest[0], rest[1]))
         return 0
+    if command == "doctor":
+        from rlhf.cli.doctor import doctor_main
+
+        return doctor_main(rest)
     if command == "models":
         from rlhf.cli.models import models_main
 
