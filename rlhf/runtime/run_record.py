@@ -46,7 +46,7 @@ from fiddle import daglish
 
 from rlhf.graph.diff import Change, diff_flat
 from rlhf.graph.io import flatten, graph_hash, shared_node_paths
-from rlhf.io.fingerprint import content_fingerprint
+from rlhf.io.fingerprint import content_fingerprint, file_stat
 from rlhf.runtime.stages import stage_references
 
 RECORD = "experiment.json"
@@ -107,11 +107,18 @@ def input_files(stage_graph: Any) -> list[str]:
     return files
 
 
-def stage_identity(stage_graph: Any) -> dict[str, Any]:
-    """What a stage is: its graph (hash, flattened leaves, where shared nodes are used) and its data files' contents."""
+def stage_identity(stage_graph: Any, recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What a stage is: its graph (hash, flattened leaves, where shared nodes are used) and its data files'
+    contents. `recorded`: the stage's entry in the record, whose fingerprints are reused for files whose
+    size and modification time are unchanged (a large data file is not read at every rerun)."""
     flat = json.loads(json.dumps(flatten(stage_graph), default=repr))  # as it reads back from the file
-    data = {f"{_DATA_PREFIX}{file}": content_fingerprint(file) for file in input_files(stage_graph)}
-    return {"graph_hash": graph_hash(stage_graph), "graph": flat, "data": data,
+    stats = dict((recorded or {}).get("data_stat", {}))
+    data, data_stat = {}, {}
+    for file in input_files(stage_graph):
+        key = f"{_DATA_PREFIX}{file}"
+        data[key] = content_fingerprint(file, known=stats.get(key))
+        data_stat[key] = [file_stat(file), data[key]]
+    return {"graph_hash": graph_hash(stage_graph), "graph": flat, "data": data, "data_stat": data_stat,
             "aliases": shared_node_paths(stage_graph)}
 
 
@@ -147,7 +154,8 @@ class RunRecord:
         out = []
         for name in stages:
             if name in recorded:
-                old, new = recorded[name], stage_identity(graph.stages[name])
+                old = recorded[name]
+                new = stage_identity(graph.stages[name], old)
                 changes = [] if old.get("graph_hash") == new["graph_hash"] else diff_flat(old.get("graph", {}),
                                                                                           new["graph"])
                 if "data" in old:  # a record written before data were recorded compares the graph only
@@ -224,7 +232,7 @@ class RunRecord:
         """Record the graph stage `name` runs with now; returns the invocations that ran it (this one last)."""
         data = self.load()
         entry = data["stages"].get(name, {"invocations": []})
-        identity = stage_identity(graph.stages[name])
+        identity = stage_identity(graph.stages[name], entry)
         entry.update(identity, identity_hash=identity_hash(identity))
         entry["invocations"] = [*entry.get("invocations", []), dict(invocation)]
         data["stages"][name] = entry
@@ -245,7 +253,8 @@ class RunRecord:
             return None  # a torn or edited file: the stage runs again (from its newest checkpoint)
         if "result" not in stored:  # written before results carried their stage's identity
             return stored if name not in self.changed_stages(graph, [name]) else None
-        if stored.get("identity_hash") != identity_hash(stage_identity(graph.stages[name])):
+        recorded = self.load()["stages"].get(name)
+        if stored.get("identity_hash") != identity_hash(stage_identity(graph.stages[name], recorded)):
             return None  # produced by another graph or other data (e.g. a continuation that was interrupted)
         result = dict(stored["result"])
         for key in stored.get("relative_paths", []):
