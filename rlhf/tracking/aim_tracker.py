@@ -8,6 +8,8 @@ once, so queries and `aim up` see the finished run immediately.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import tempfile
@@ -20,7 +22,6 @@ from typing import Any, Literal
 import aim
 import aimrocks.errors
 from aim.sdk.index_manager import RepoIndexManager
-from filelock import FileLock
 
 __all__ = ["AimTracker", "TrackedRun", "Status"]
 
@@ -121,18 +122,32 @@ class AimTracker:
 
 
 def open_repo(path: str) -> aim.Repo:
-    """The Aim repository at `path`, created first if absent, under a file lock beside it.
+    """The Aim repository at `path`, created first if absent, while holding a lock on the folder that holds it.
 
     Aim creates a repository in steps (the `.aim` folder, then its SQLite tables): a second
     process that sees the folder before the tables exist fails with `no such table: run` (two
-    first runs of a sweep, or two jobs started at once, into a new repository). The lock makes
-    "exists? else create" one step for every process that opens the repository through here.
+    first runs of a sweep, or two jobs started at once, into a new repository). The lock (`flock`
+    on the folder itself: no lock file is left behind) makes "exists? else create" one step for
+    every process that opens the repository through here.
     """
     folder = Path(path).expanduser()
     root = folder.parent if folder.name == ".aim" else folder
     root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(root / ".aim.init.lock")):
+    with _folder_lock(root):
         return aim.Repo.from_path(str(folder), init=not aim.Repo.exists(str(folder)))
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:  # a filesystem without flock on folders: go on as before, unlocked
+            log.debug("cannot lock %s (%s); creating the Aim repository without a lock", folder, err)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class TrackedRun:
