@@ -30,7 +30,7 @@ from rlhf.config.provenance import format_provenance
 from rlhf.runtime.experiment import run_experiment
 from rlhf.runtime.plan import compile_graph, plan_model_path
 from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, preflight
-from rlhf.sweeps import SweepError, sweep_from_cli
+from rlhf.sweeps import sweep_from_cli
 
 __all__ = ["build_graph", "experiment_graph", "format_results", "load_experiment", "run_cli"]
 
@@ -115,11 +115,9 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
         sys.exit(f"error: {err}")
     stages = args.stages.split(",") if args.stages else None
     if args.sweep:
-        try:
+        with one_line_errors(resume_hint(graph)):
             return sweep_from_cli([module, common], graph, args.sweep, parallel=args.sweep_parallel, stages=stages,
                                   overrides=args.config, fiddlers=fiddlers, dry_run=args.print_graph or args.print_plan)
-        except (OverrideError, PreflightError, SweepError) as err:
-            sys.exit(f"error: {err}")
     if args.print_graph:  # each value with where it was set (rlhf.config.provenance)
         print(format_provenance(graph))
         return None
