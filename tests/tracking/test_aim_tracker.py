@@ -204,6 +204,7 @@ _FIRST_RUN = (
 )
 
 
+@pytest.mark.slow
 def test_first_runs_of_several_processes_into_a_new_repo_all_succeed(tmp_path):
     """Four processes open a repository that does not exist yet, at once: without the lock the ones that saw
     the half-made repository failed with `no such table: run` (reproduced in every try of four)."""
