@@ -18,7 +18,8 @@ What it checks, in the stages that will run:
   local Ray cluster has;
 - data-flow contradictions: an advantage estimator that needs a critic in a trainer without
   one, a KL loss with no reference model, a group estimator (GRPO, RLOO, ...) with one sample
-  per prompt, a stage using the output of a stage that does not run before it;
+  per prompt, a stage using the output of a stage that does not run before it; and (warnings)
+  a `critic_warmup` that leaves the actor untrained (>= total_steps, or without a critic);
 - batch arithmetic that does not divide: samples per step over the data-parallel workers
   (`PolicyWorker.update` is `@shard_exact`: a padded row would train twice), each worker's
   rows over its mini-batches. Micro-batches that do not divide are only a warning (they change
@@ -427,6 +428,7 @@ def _check_data_flow(name: str, stage: Any, report: Report) -> None:
                 _callable_of(estimator), n=n if isinstance(n, int) else None,
                 has_critic=args.get("critic") is not None, dynamic_sampling=args.get("dynamic_sampling") is not None,
             ) if estimator is not None else []
+            _check_critic_warmup(where, args, report)
             policy = args.get("policy")
             if args.get("kl_in_reward") is not None and _is(policy, Remote) and _is(_get(policy, "worker"), PolicyWorker):
                 has_ref = _get(_get(policy, "worker"), "ref_model_path") is not None
@@ -444,6 +446,23 @@ def _check_data_flow(name: str, stage: Any, report: Report) -> None:
         for problem in problems:
             fix = f" Fix: --config 'set:{where}.{problem.fix}'." if problem.fix else ""
             report.errors.append(f"{where}.{problem.field}: {problem.message}{fix}")
+
+
+def _check_critic_warmup(where: str, args: dict[str, Any], report: Report) -> None:
+    """Warn when `critic_warmup` keeps the actor from ever training, or idles it without a critic."""
+    warmup, total = args.get("critic_warmup"), args.get("total_steps")
+    if not isinstance(warmup, int) or not isinstance(total, int) or warmup == 0:
+        return
+    if warmup >= total:
+        report.warnings.append(
+            f"{where}.critic_warmup={warmup} >= total_steps={total}: the actor is never updated in this stage (only "
+            f"steps after the warm-up train it). Lower it, e.g. --config set:{where}.critic_warmup={max(0, total - 1)}."
+        )
+    elif args.get("critic") is None:
+        report.warnings.append(
+            f"{where}.critic_warmup={warmup} without a critic: the first {warmup} steps generate and score but train "
+            f"nothing. Set --config set:{where}.critic_warmup=0, or add a critic."
+        )
 
 
 def _batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:

@@ -138,6 +138,8 @@ def check_optimal_token_baseline(metrics, groups):
 def check_ppo(metrics, groups):
     assert {"critic/vf_loss", "critic/values/mean", "critic/vf_explained_var"} <= metrics.keys()
     assert all(len(rows) == 1 for rows in groups.values())  # one sample per prompt
+    # after the critic's warm-up (step 1) the actor trains too: a real policy-gradient step
+    assert metrics["actor/grad_norm"] > 0 and "actor/pg_loss" in metrics
 
 
 # -------------------------------------------------------- DAPO and trainer features

@@ -103,7 +103,8 @@ def test_a_sync_that_loads_nothing_into_vllm_is_an_error():
 
 
 def test_every_sync_into_vllm_is_checked_on_the_tensors_vllm_keeps_under_their_names(worker):
-    """vLLM fuses q/k/v and gate/up; the other tensors (o_proj, down_proj, norms, embeddings) are compared."""
+    """vLLM fuses q/k/v and gate/up; the others (o_proj, down_proj, norms) are compared, and the embedding
+    too unless vLLM padded its rows (to a multiple of 64)."""
     from rlhf.rollout.engine import SyncCheck, named_weights
 
     check = SyncCheck()
@@ -111,4 +112,5 @@ def test_every_sync_into_vllm_is_checked_on_the_tensors_vllm_keeps_under_their_n
     compared = check.verify(worker.engine)
     names = list(check.sent)
     fused = [n for n in names if any(p in n for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))]
-    assert compared == len(names) - len(fused) > 0
+    assert len(names) - len(fused) - 1 <= compared <= len(names) - len(fused)
+    assert compared >= 2 * 4 + 1  # per layer o_proj, down_proj and two norms; the final norm
