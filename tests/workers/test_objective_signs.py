@@ -73,3 +73,26 @@ def test_without_the_terms_a_zero_advantage_step_leaves_the_policy_alone():
     actor.update(batch)
     after = actor.parameters_digest()
     assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+@pytest.mark.real_model
+def test_the_kl_loss_pulls_smollm2_back_toward_its_reference(smollm2_path):
+    """SmolLM2-135M as its own reference, the actor sharpened (final norm x 1.5) so the two differ:
+    one zero-advantage step of the KL loss alone must lower KL(pi || pi_ref) on sampled responses."""
+    actor = PolicyWorker(smollm2_path, ref_model_path=smollm2_path,
+                         objective=PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=1.0)),
+                         optimizer=functools.partial(torch.optim.SGD, lr=1e-3),
+                         training=TrainingSetup(micro_batch_size=8, grad_clip=None))
+    with torch.no_grad():
+        actor.trainer.unwrapped().model.norm.weight.mul_(1.5)
+    prompts = PromptDataset(arithmetic_rows(4, seed=0), actor.tokenizer).collate(range(4))
+    torch.manual_seed(0)
+    batch = actor.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
+    batch["advantages"] = torch.zeros_like(batch["response_mask"], dtype=torch.float32)
+    batch = batch.union(actor.compute_ref_log_probs(batch))
+    mask, ref = batch["response_mask"].bool(), batch["ref_log_probs"]
+    kl_before = kl_k3(actor.compute_log_probs(batch)["old_log_probs"], ref)[mask].mean()
+    actor.update(batch)
+    kl_after = kl_k3(actor.compute_log_probs(batch)["old_log_probs"], ref)[mask].mean()
+    # measured: 0.073 -> 0.026 (lr 1e-3; 0.046 at 3e-4)
+    assert kl_before > 0.05 and kl_after < 0.6 * kl_before, (float(kl_before), float(kl_after))
