@@ -21,7 +21,7 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.trainers.context import StageContext
-from rlhf.trainers.records import RolloutRecorder, read_records
+from rlhf.trainers.records import read_records
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.reward_model import RewardModelWorker, conversation_ids
@@ -100,7 +100,7 @@ def test_the_entropy_bonus_keeps_the_policy_more_random(tmp_path):
 def test_a_reward_model_score_is_added_to_each_rows_rule_score(tmp_path):
     """Every recorded sample's score is rule + 0.5 x the reward model's score of that very sample,
     recomputed here outside the run (so a row scored for another row's response is caught)."""
-    stage = rl_stage(total_steps=2, records=fdl.Config(RolloutRecorder))
+    stage = rl_stage(total_steps=2)  # rollouts are recorded by default
     use_reward_model(stage, tiny_reward_model(), weight=0.5, max_length=256)
     steps = run(stage, tmp_path)
     assert steps[2]["reward/model/mean"] != 0
