@@ -98,13 +98,13 @@ def test_lora_trained_under_fsdp_saves_an_adapter_that_merges_to_the_trained_wei
     peft = pytest.importorskip("peft")
     from rlhf.workers.lora import LoRA, merged
 
-    worker = grpo_worker(strategy="fsdp", adapter=LoRA(r=4), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    worker = grpo_worker(strategy="fsdp", adapter=LoRA(rank=4), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     worker.update(scored_rollout(worker))
     trained = worker.parameters_digest()
     assert any(float(v.abs().max()) > 0 for k, v in trained.items() if "lora_B" in k)  # the adapter learned
     worker.save(str(tmp_path / "final"))
 
-    local = LoRA(r=4)(load_causal_lm(tiny_model_path()))
+    local = LoRA(rank=4)(load_causal_lm(tiny_model_path()))
     local.load_state_dict(trained)
     want = merged(local).state_dict()  # W + alpha/r B A of the weights the sharded model holds
     assert_same_weights(AutoModelForCausalLM.from_pretrained(tmp_path / "final").state_dict(), want, "merged")
