@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import fiddle as fdl
 from fiddle import selectors
 
 from rlhf.config.gin_overrides import apply_gin
+from rlhf.config.overrides import OverrideError
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote
@@ -60,6 +62,10 @@ def lora(cfg: fdl.Config[Experiment], **options) -> None:
     (`options` are LoRA's: rank, alpha, dropout, target_modules; unset ones keep LoRA's defaults). Where the
     reference is the policy's own model, the base with the adapter disabled is the reference: no second copy.
     Adapters usually want a learning rate about 10x a full fine-tune's."""
+    unknown = sorted(set(options) - set(inspect.signature(LoRA).parameters))
+    if unknown:
+        raise OverrideError(f"fiddler:lora got unknown option(s) {', '.join(unknown)}; LoRA takes "
+                            f"{', '.join(inspect.signature(LoRA).parameters)}")
     for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
         if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
             worker.adapter = fdl.Config(LoRA, **options)
