@@ -83,7 +83,7 @@ def test_a_killed_fsdp_group_resumes_bit_identically_and_exports(ray_runtime, tm
 
     checkpoints.save(3, lambda folder: group.save_state(str(folder / "policy")), {})
     group.save(str(tmp_path / "final"))
-    assert main(["export", str(tmp_path), str(tmp_path / "exported")]) == 0  # the stage folder: its final/
+    assert main(["export", str(tmp_path), str(tmp_path / "exported"), "--step", "3"]) == 0  # the sharded checkpoint
     for name in ("final", "exported"):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / name)
         assert model.config.architectures == ["Qwen2ForCausalLM"]  # not FSDP's wrapper class
