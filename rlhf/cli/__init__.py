@@ -34,9 +34,14 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
+  rlhf rollouts view STAGE_DIR                    browse them: steps, groups ranked, search, masked spans
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
   rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
   rlhf eval MODEL --data FILE --n 8 [--out DIR]   generate, then score
+  rlhf serve MODEL [--port 8000 --api-key KEY]    an OpenAI-compatible server (completions, chat)
+  rlhf doctor [--json]                            versions, devices and what `auto` picks here, for bug reports
+
+`rlhf COMMAND --help` describes a command's options.
 """
 
 
@@ -62,6 +67,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from rlhf.cli.export import export_main
 
         return export_main(rest)
+    if command == "doctor":
+        from rlhf.cli.doctor import doctor_main
+
+        return doctor_main(rest)
     if command == "models":
         from rlhf.cli.models import models_main
 
@@ -69,13 +78,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "rollouts":
         from rlhf.trainers.records import format_records, read_records
 
-        p = argparse.ArgumentParser(prog="rlhf rollouts show")
-        p.add_argument("action", choices=["show"])
+        p = argparse.ArgumentParser(prog="rlhf rollouts", description="Recorded rollouts of an RL stage: "
+                                    "`show` prints best/worst per group, `view` browses them in the terminal.")
+        p.add_argument("action", choices=["show", "view"])
         p.add_argument("stage_dir", help="a stage folder: <output_dir>/<experiment>/<run>/<stage>")
-        p.add_argument("--step", type=int, default=None)
+        p.add_argument("--step", type=int, default=None, help="show: only this step")
         a = p.parse_args(rest)
         try:
-            print(format_records(read_records(a.stage_dir, a.step)))
+            if a.action == "view":
+                from rlhf.cli.rollouts_view import view
+
+                view(a.stage_dir)
+            else:
+                print(format_records(read_records(a.stage_dir, a.step)))
         except FileNotFoundError as err:
             sys.exit(f"error: {err}")
         return 0

@@ -166,7 +166,7 @@ def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experime
         run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
     else:
         run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
-                         run_params, tags)
+                         run_params, tags, name=f"{graph.name}/{stage_dir.parent.name}/{stage_name}")
     with run:
         if invocations:
             run.set_params({"invocations": invocations})
@@ -223,9 +223,10 @@ def _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash) -> dict[
     return params
 
 
-def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
+def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=(),
+               name=None):
     if tracker is None:
         return _NoRun()
     params = _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash)
     params.update(run_params or {})
-    return tracker.start_run(stage, params=params, parent_run=parent, tags=tags)
+    return tracker.start_run(stage, name=name, params=params, parent_run=parent, tags=tags)

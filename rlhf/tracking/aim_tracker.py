@@ -63,11 +63,15 @@ class AimTracker:
         self,
         stage: str,
         *,
+        name: str | None = None,
         params: Mapping[str, Any] = _NO_PARAMS,
         parent_run: str | None = None,
         tags: Sequence[str] = (),
     ) -> TrackedRun:
         """Opens a run for `stage` ("sft", "rl", "eval", ...) with `params` as its Aim params.
+
+        `name` is the run's name in Aim's tables (default: the stage); the experiment runner names
+        runs `<experiment>/<run name or timestamp>/<stage>` so that runs of one stage tell apart.
 
         Also records `stage`, `parent_run` (the run whose checkpoint this one starts from, or its
         sweep) and `status` ("running" until closed). A `graph_json` string in `params` (as
@@ -80,7 +84,7 @@ class AimTracker:
             capture_terminal_logs=self._capture_terminal_logs,
             log_system_params=False,
         )
-        run.name = stage
+        run.name = name or stage
         for tag in tags:
             run.add_tag(tag)
         run.set_artifacts_uri(self.artifacts_uri)

@@ -78,7 +78,9 @@ class RLTrainer:
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
         max_nonfinite_steps: PositiveInt = 3,  # consecutive steps with NaN/Inf gradients before stopping
-        records: RolloutRecorder | None = None,  # write rollouts to <stage dir>/rollouts.jsonl
+        # rollouts written to <stage dir>/rollouts.jsonl (`rlhf rollouts show|view`): a factory, the class or
+        # fdl.Partial(RolloutRecorder, max_groups_per_step=...); None: not recorded
+        records: Callable[[], RolloutRecorder] | None = RolloutRecorder,
         reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
         reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
         rollout_correction: RolloutCorrection | None = None,  # TIS / rejection (MIS) of the rollout-trainer mismatch
@@ -117,7 +119,7 @@ class RLTrainer:
         self.save_freq = save_freq
         self.keep_checkpoints = keep_checkpoints
         self.max_nonfinite_steps = max_nonfinite_steps
-        self.records = records
+        self.records = records() if records is not None else None
         self.reward_model = reward_model
         self.reward_model_weight = reward_model_weight
         self.rollout_correction = rollout_correction

@@ -71,7 +71,7 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
         total_steps=steps,
         save_freq=1,
         keep_checkpoints=2,
-        records=fdl.Config(RolloutRecorder),
+        records=fdl.Partial(RolloutRecorder),
     )
     return fdl.Config(
         Experiment,

@@ -37,3 +37,24 @@ def test_sample_rate_records_whole_groups():
         rows = read_records(Path(d))
     assert 0 < written < 80 and written % 2 == 0  # groups of 2 are kept or dropped together
     assert all(sum(1 for r in rows if (r["step"], r["uid"]) == (s, u)) == 2 for s, u in {(r["step"], r["uid"]) for r in rows})
+
+
+def _groups_batch(groups: int, n: int = 2) -> Batch:
+    rows = groups * n
+    mask = torch.ones(rows, 2, dtype=torch.long)
+    return Batch(
+        {"response_mask": mask, "token_level_scores": torch.zeros(rows, 2), "advantages": torch.zeros(rows, 2)},
+        {"uid": [f"g{i // n:03d}" for i in range(rows)], "ground_truth": ["1"] * rows, "data_source": ["a"] * rows},
+    )
+
+
+def test_groups_per_step_are_capped_whole_and_reproducibly(tmp_path):
+    batch = _groups_batch(40)
+    rec = RolloutRecorder(max_groups_per_step=16, seed=3)
+    assert rec.write(tmp_path / "a", 5, batch, ["x"] * 80, ["p"] * 80) == 32  # 16 whole groups of 2
+    rec.write(tmp_path / "b", 5, batch, ["x"] * 80, ["p"] * 80)
+    a, b = read_records(tmp_path / "a"), read_records(tmp_path / "b")
+    assert [r["uid"] for r in a] == [r["uid"] for r in b]  # the same draw for the same seed and step
+    assert len({r["uid"] for r in a}) == 16
+    assert RolloutRecorder(max_groups_per_step=None).write(tmp_path / "c", 5, batch, ["x"] * 80, ["p"] * 80) == 80
+
