@@ -48,6 +48,7 @@ def child(variant: str, model: str, out: Path) -> dict:
     from rlhf.data.generators import arithmetic_rows
     from rlhf.data.prompts import PromptDataset
     from rlhf.models.loading import load_tokenizer
+    from rlhf.rewards.arithmetic import digit_match_score
     from rlhf.rewards.manager import RewardManager
     from rlhf.rollout.sampling import SamplingParams
     from rlhf.runtime.experiment import Experiment, run_experiment
@@ -79,9 +80,6 @@ def child(variant: str, model: str, out: Path) -> dict:
 
     PolicyWorker._log_placement = record_placement
 
-    def digit_count(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
-        return float(sum(c.isdigit() for c in solution_str))
-
     tok = fdl.Config(load_tokenizer, model)
     worker = dict(model_path=model, ref_model_path=model,
                   objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss),
@@ -97,7 +95,7 @@ def child(variant: str, model: str, out: Path) -> dict:
         policy=policy_group(**worker),
         tokenizer=tok,
         train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=8), tokenizer=tok),
-        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_count}),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
         sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=4),
         prompts_per_step=2,
         total_steps=3,
