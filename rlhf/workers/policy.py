@@ -3,8 +3,8 @@
 This is the hybrid engine: the rollout engine generates with the actor's own weights, and the
 frozen reference policy sits beside it for KL terms. With a LoRA adapter on the actor and the
 reference being the actor's own base model, there is no second model: the reference is the
-actor with its adapter disabled (as TRL and verl do), which costs no memory. The transformers engine shares the actor's
-module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
+actor with its adapter disabled (as TRL and verl do), which costs no memory. The transformers
+engine shares the actor's module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
 actor's weights streamed in before the first rollout after an update, and sleeps while the
 trainer runs (docs/rollout_engines.md). One instance runs per data-parallel rank;
 `ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation across ranks.
@@ -188,8 +188,9 @@ class PolicyWorker:
             lr_scheduler,
             prefix="actor",
         )
-        if adapter is not None:  # a saved adapter names its base (FSDP builds the module without a path)
-            set_base_model(self.trainer.unwrapped(), model_reference(model_path))
+        self.base_model = model_reference(model_path)  # what a saved adapter names as its base
+        if adapter is not None:  # (FSDP builds the module without a path, so PEFT could not know it)
+            set_base_model(self.trainer.unwrapped(), self.base_model)
         self.ref_model = None
         self.ref_is_base = reference_is_base(adapter, ref_model_path, model_path)
         if ref_model_path is not None and not self.ref_is_base:
@@ -408,6 +409,7 @@ class PolicyWorker:
             model = unsharded_copy(model, state, lambda: self.adapter(AutoModelForCausalLM.from_config(config))) \
                 if main else None
         if main:
+            set_base_model(model, self.base_model)
             save_adapter(model, f"{path}-adapter", self.tokenizer)
             atomic_write_dir(path, lambda tmp: save_model_folder(tmp, merged(model), self.tokenizer))
         self.trainer.accelerator.wait_for_everyone()

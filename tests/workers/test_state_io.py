@@ -110,6 +110,8 @@ def test_lora_trained_under_fsdp_saves_an_adapter_that_merges_to_the_trained_wei
     assert_same_weights(AutoModelForCausalLM.from_pretrained(tmp_path / "final").state_dict(), want, "merged")
     from_adapter = peft.PeftModel.from_pretrained(load_causal_lm(tiny_model_path()), str(tmp_path / "final-adapter"))
     assert_same_weights(from_adapter.merge_and_unload().state_dict(), want, "base + saved adapter")
+    on_its_own = load_causal_lm(str(tmp_path / "final-adapter")).state_dict()  # the adapter names its base
+    assert all(torch.allclose(on_its_own[k], want[k], atol=1e-6) for k in want)
 
 
 @pytest.mark.slow
