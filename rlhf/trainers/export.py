@@ -83,8 +83,9 @@ def find_source(path: str | Path, step: int | None = None) -> tuple[str, Path]:
         return "model", path
     if _is_model_folder(path / "final"):
         return "model", path / "final"
-    if (path / "checkpoints").is_dir() and (latest := CheckpointManager(path / "checkpoints").latest()):
-        return "checkpoint", latest
+    for root in (path / "checkpoints", path):  # a stage folder, or its checkpoints/ folder
+        if root.is_dir() and (latest := CheckpointManager(root).latest()):
+            return "checkpoint", latest
     raise ExportError(
         f"{path} holds nothing to export. Expected a stage folder (with final/ or checkpoints/step_*), a checkpoint "
         "(checkpoints/step_XXXXXXXX with policy/hf/config.json and policy/dcp/), a Hugging Face model folder "

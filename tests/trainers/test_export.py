@@ -115,6 +115,7 @@ def test_a_stage_folder_exports_its_final_model_or_the_step_asked_for(tmp_path, 
     (stage / "final" / "model.safetensors").unlink()  # an unfinished stage: its newest checkpoint
     shutil.rmtree(stage / "final")
     assert main(["export", str(stage), str(tmp_path / "newest"), "--dtype", "bfloat16"]) == 0
+    assert main(["export", str(stage / "checkpoints"), str(tmp_path / "newest-too")]) == 0
     got = AutoModelForCausalLM.from_pretrained(tmp_path / "newest").state_dict()
     assert all(v.dtype == torch.bfloat16 for v in got.values())
     assert all(torch.equal(got[k], digests[2][k].to(torch.bfloat16)) for k in digests[2])
