@@ -19,6 +19,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from rlhf.cli.errors import one_line_errors
 from rlhf.cli.signals import honour_interrupts
 
 USAGE = """usage: rlhf COMMAND ...
@@ -46,13 +47,19 @@ USAGE = """usage: rlhf COMMAND ...
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`rlhf COMMAND ...` (the console script); `argv` defaults to `sys.argv[1:]`."""
+    """`rlhf COMMAND ...` (the console script); `argv` defaults to `sys.argv[1:]`. An error the command can
+    explain, a full disk and Ctrl-C end it with one line, not a traceback (`rlhf.cli.errors`)."""
     honour_interrupts()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    command, rest = argv[0], argv[1:]
+    resume = "run the same command again to continue where it stopped" if argv[0] == "generate" else None
+    with one_line_errors(resume):
+        return _command(argv[0], argv[1:])
+
+
+def _command(command: str, rest: list[str]) -> int:
     if command == "serve":  # rlhf serve MODEL [--host --port --api-key ...]: an OpenAI-compatible server
         from rlhf.serve import main as serve
 

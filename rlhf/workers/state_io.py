@@ -55,6 +55,34 @@ class CheckpointFormatError(RuntimeError):
     (rlhf.trainers.checkpoint lets it through instead of falling back)."""
 
 
+class CheckpointIOError(RuntimeError):
+    """torch.distributed.checkpoint could not write or read a checkpoint; the message names the folder and each
+    rank's cause (e.g. `OSError: [Errno 28] No space left on device`), the first cause is `__cause__`'s.
+
+    DCP raises `CheckpointException`, which derives from `BaseException`: every `except Exception` (the
+    checkpoint fallback, a disk-full report, `rlhf export`) would let it through as a crash. `_dcp_errors`
+    turns it into this exception where DCP is called.
+    """
+
+
+@contextlib.contextmanager
+def _dcp_errors(action: str, folder: Path):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        causes = {rank: exc for rank, (exc, _) in err.failures.items()}
+        lines = [f"rank {rank}: {type(exc).__name__}: {_first_line(exc)}" for rank, exc in sorted(causes.items())]
+        first = next(iter(causes.values()), None)
+        raise CheckpointIOError(f"{action} {folder} failed ({'; '.join(lines) or err})") from (first or err)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
 def is_dcp_state(folder: str | Path) -> bool:
     return (Path(folder) / DCP_DIR / ".metadata").is_file()
 
@@ -127,7 +155,7 @@ def save_state(
             optim.state.clear()
         state = {"model": _kept(model_state, keys), "optimizer": optim_state}
     folder.mkdir(parents=True, exist_ok=True)
-    with _quiet_single_process():
+    with _quiet_single_process(), _dcp_errors("writing", folder / DCP_DIR):
         save(state, checkpoint_id=str(folder / DCP_DIR))
     (folder / RNG_DIR).mkdir(exist_ok=True)
     torch.save(rng_state(), folder / RNG_DIR / f"rank_{rank:05d}.pt")
@@ -158,13 +186,13 @@ def load_state(
     partial = StateDictOptions(strict=False)  # what is not read (frozen, tied) stays as built
     if optim is None:
         state: dict[str, Any] = {"model": _kept(get_model_state_dict(model), keys)}
-        with _quiet_single_process():
+        with _quiet_single_process(), _dcp_errors("reading", folder / DCP_DIR):
             load(state, checkpoint_id=str(folder / DCP_DIR))
         set_model_state_dict(model, state["model"], options=partial)
     else:
         model_state, optim_state = get_state_dict(model, optim)  # the shapes and shards to read into
         state = {"model": _kept(model_state, keys), "optimizer": optim_state}
-        with _quiet_single_process():
+        with _quiet_single_process(), _dcp_errors("reading", folder / DCP_DIR):
             load(state, checkpoint_id=str(folder / DCP_DIR))
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
                        options=partial)
@@ -219,7 +247,7 @@ def read_model_state(folder: str | Path, model: nn.Module) -> None:
 
     keys = saved_keys(model, trained=True)
     state = {"model": _kept(model.state_dict(), keys)}
-    with _quiet_single_process():
+    with _quiet_single_process(), _dcp_errors("reading", Path(folder) / DCP_DIR):
         load(state, checkpoint_id=str(Path(folder) / DCP_DIR), no_dist=True)
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     if unexpected or keys & set(missing):
