@@ -128,7 +128,9 @@ def check_experiment(
             errors, warnings = resource_problems(graph, name, plan, cpus, gpus)
             report.errors += errors
             report.warnings += warnings
-        report.errors += data_flow_problems(name, stage)
+        errors, warnings = data_flow_problems(name, stage)
+        report.errors += errors
+        report.warnings += warnings
         for batch in stage_batches(graph, name, stage):
             report.batches.append(batch)
             errors, warnings = batch_problems(batch)

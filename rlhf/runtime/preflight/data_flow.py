@@ -53,10 +53,11 @@ def stage_order_problems(graph: Any, selected: dict[str, Any]) -> list[str]:
     return problems
 
 
-def data_flow_problems(name: str, stage: Any) -> list[str]:
-    """The estimator/critic/sample-count/reference rules of `rlhf.algos.requirements` (the trainer reads
-    the same rules), reported with the graph path to change."""
+def data_flow_problems(name: str, stage: Any) -> tuple[list[str], list[str]]:
+    """(errors, warnings): the estimator/critic/sample-count/reference rules of `rlhf.algos.requirements`
+    (the trainer reads the same rules), reported with the graph path to change."""
     errors: list[str] = []
+    warnings: list[str] = []
     for node, path in nodes(stage, stage_prefix(name)):
         where = cli_path(path)
         problems = []
@@ -87,7 +88,7 @@ def data_flow_problems(name: str, stage: Any) -> list[str]:
         for problem in problems:
             fix = f" Fix: --config 'set:{where}.{problem.fix}'." if problem.fix else ""
             errors.append(f"{where}.{problem.field}: {problem.message}{fix}")
-    return errors
+    return errors, warnings
 
 
 def reward_source_problems(name: str, stage: Any) -> list[str]:
