@@ -8,6 +8,7 @@ Nothing below this package parses arguments, prints results or loads experiment 
   `load_experiment` (an experiment file as a module), `build_graph`, `format_results`.
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
+- `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
 - `generate_eval`: `rlhf generate` and `rlhf eval`.
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
@@ -24,14 +25,15 @@ from rlhf.cli.signals import honour_interrupts
 USAGE = """usage: rlhf COMMAND ...
 
   rlhf run  experiments/x.py [--config CMD ...]   run an experiment (same as python experiments/x.py)
-  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan
+  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan (and its memory per device)
+  rlhf plan --memory CONFIG [--gpus 8 ...]        what fits on N GPUs for a model config.json alone
   rlhf show experiments/x.py [--config CMD ...]   print the graph after overrides, and where each value was set
   rlhf diff A B [--config CMD ...]                what differs between two experiments, JSON graphs or Aim runs
   rlhf viz  experiments/x.py --out DIR            each stage graph as SVG (Graphviz) and the Plan as text
   rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
   rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
-  rlhf export CKPT OUT                            a training checkpoint -> Hugging Face model folder
+  rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
   rlhf rollouts view STAGE_DIR                    browse them: steps, groups ranked, search, masked spans
@@ -70,12 +72,9 @@ def _command(command: str, rest: list[str]) -> int:
 
         return prepare(rest[1:])
     if command == "export":
-        if len(rest) != 2:
-            sys.exit("usage: rlhf export CKPT OUT")
-        from rlhf.trainers.export import export_checkpoint
+        from rlhf.cli.export import export_main
 
-        print(export_checkpoint(rest[0], rest[1]))
-        return 0
+        return export_main(rest)
     if command == "doctor":
         from rlhf.cli.doctor import doctor_main
 
@@ -103,6 +102,10 @@ def _command(command: str, rest: list[str]) -> int:
         except FileNotFoundError as err:
             sys.exit(f"error: {err}")
         return 0
+    if command == "plan" and rest and rest[0] == "--memory":
+        from rlhf.cli.memory_plan import memory_plan_main
+
+        return memory_plan_main(rest[1:])
     if command in ("run", "plan", "show"):
         if not rest:
             sys.exit(f"usage: rlhf {command} experiments/x.py [--config CMD ...]")
