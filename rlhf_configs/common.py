@@ -11,11 +11,14 @@ from rlhf.config.gin_overrides import apply_gin
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote
+from rlhf.trainers.async_rollout import OnStale, Transport
+from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.fsdp import FSDP
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
+from rlhf_configs.async_rollout import Placement, use_async_rollout
 
 
 def local(cfg: fdl.Config[Experiment]) -> None:
@@ -52,3 +55,22 @@ def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> Non
             if not isinstance(worker.training, fdl.Config):  # a worker on its default setup gets a node
                 worker.training = fdl.Config(TrainingSetup, **dataclasses.asdict(worker.training))
     selectors.select(cfg, TrainingSetup, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do
+
+
+def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "broadcast") -> None:
+    """Asynchronous rollout, one step off policy (verl): while the trainer updates on batch k, a rollout group
+    generates batch k+1 with the weights of version k-1; reproducible, and resumes bit-identically. Loss:
+    AReaL's decoupled PPO unless a rollout correction is set (docs/async.md). Every RL stage."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_async_rollout(stage, max_staleness=1, on_stale="wait", weights="fixed_lag", placement=placement,
+                          transport=transport)
+
+
+def streaming(cfg: fdl.Config[Experiment], max_staleness: int = 2, on_stale: OnStale = "wait",
+              placement: Placement = "separate", transport: Transport = "broadcast") -> None:
+    """Bounded-staleness streaming: a rollout group generates continuously with the newest weights, and a
+    sample more than `max_staleness` versions old is waited for or dropped (`on_stale`). Depends on timing,
+    so runs differ; loss: AReaL's decoupled PPO unless a rollout correction is set (docs/async.md)."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_async_rollout(stage, max_staleness=max_staleness, on_stale=on_stale, weights="newest",
+                          placement=placement, transport=transport)

@@ -69,6 +69,7 @@ from rlhf.algos.rollout_correction import (
     RolloutCorrectionOutput,
     SequenceTIS,
     TokenTIS,
+    decoupled_ppo,
     effective_sample_size,
     mismatch_metrics,
     reduce_seq_max,
@@ -153,6 +154,7 @@ __all__ = [
     "reduce_seq_max",
     "RolloutCorrection",
     "RolloutCorrectionOutput",
+    "decoupled_ppo",
     "mismatch_metrics",
     "effective_sample_size",
     # DAPO, PF-PPO

@@ -30,7 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from rlhf.algos.kl import KLEstimator, kl_k3
+from rlhf.algos.kl import KLEstimator, kl_k1, kl_k3
 from rlhf.algos.masked import as_bool, masked_max, masked_mean, masked_sum, masked_zero
 
 SAFETY_BOUND = 20.0  # log-ratios are clamped to +-20 before exp (exp(20) ~ 5e8)
@@ -336,3 +336,27 @@ class RolloutCorrection:
             f"RolloutCorrection(is_weights={self.is_weights!r}, rejections={self.rejections!r}, "
             f"bypass={self.bypass})"
         )
+
+
+def decoupled_ppo(behaviour_weight_cap: float = 5.0) -> RolloutCorrection:
+    """AReaL's decoupled PPO objective for stale samples, as a rollout correction (Fu et al. 2025, "AReaL: A
+    Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning", arXiv:2505.24298,
+    after Hilton et al. 2021, "Batch size-invariance for policy optimization", arXiv:2110.00641):
+
+        l_t = w_t * max(-A_t r_t, -A_t clip(r_t, 1 - eps, 1 + eps)),
+        r_t = pi_theta(y_t) / pi_prox(y_t),   w_t = pi_prox(y_t) / pi_behav(y_t)   (w detached)
+
+    pi_behav: the policy that sampled (`rollout_log_probs`, possibly several versions old); pi_prox: the
+    trainer's policy before this update (`old_log_probs`, which the trainer then recomputes); the clip
+    keeps the update near pi_prox, and w corrects for sampling from pi_behav. Tokens with
+    w_t > `behaviour_weight_cap` leave the loss (AReaL's `behav_imp_weight_cap`, 5 in its asynchronous
+    recipes), so the truncation at the same value never binds. Metrics: `rollout_is_*` (w before the cap)
+    and `rollout_rs_*` (the tokens dropped).
+    """
+    if behaviour_weight_cap <= 1.0:
+        raise ValueError(f"decoupled_ppo: behaviour_weight_cap must be > 1 (AReaL's condition), got {behaviour_weight_cap}")
+    return RolloutCorrection(
+        is_weights=TokenTIS(threshold=behaviour_weight_cap),
+        # k1(rollout, old) = log pi_behav - log pi_prox = -log w: keep w <= cap
+        rejections=[RejectionMask(upper=None, estimator=kl_k1, reduce=reduce_token, lower=-math.log(behaviour_weight_cap))],
+    )

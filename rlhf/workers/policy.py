@@ -35,6 +35,7 @@ from rlhf.io.atomic import atomic_write_dir
 from rlhf.workers.lora import merged, save_adapter
 from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
+from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
 
 
 def response_log_probs(
@@ -131,8 +132,9 @@ class RolloutGap:
         return out
 
 
-class PolicyWorker:
-    """Generates, scores log-probs and trains the policy on one data-parallel rank."""
+class PolicyWorker(PublishesWeights):
+    """Generates, scores log-probs and trains the policy on one data-parallel rank; publishes its weights
+    to a rollout group for asynchronous rollout (`PublishesWeights`, docs/async.md)."""
 
     def __init__(
         self,
@@ -244,12 +246,22 @@ class PolicyWorker:
             self.engine.wake_up()
             return
         self.engine.wake_up(["weights"])
-        actor = self.trainer.unwrapped()
-        if self.adapter is not None and not getattr(self.engine, "shares_weights", False):
-            actor = merged(actor)  # the engine holds plain weights: W + alpha/r B A
-        self.engine.update_weights(named_weights(actor))  # a sharing engine consumes nothing
+        # a sharing engine consumes nothing (so an FSDP actor gathers nothing)
+        self.engine.update_weights(self._rollout_weights(plain=not getattr(self.engine, "shares_weights", False)))
         self.engine.wake_up(["kv_cache"])
         self._engine_stale = False
+
+    def _rollout_weights(self, plain: bool = True) -> NamedTensors:
+        """The actor's full weights by Hugging Face name, streamed (a collective under FSDP); `plain`:
+        an adapter merged in (W + alpha/r B A), as an engine with its own copy holds them."""
+        actor = self.trainer.unwrapped()
+        return named_weights(merged(actor) if plain and self.adapter is not None else actor)
+
+    def _is_main_rank(self) -> bool:
+        return self.trainer.accelerator.is_main_process
+
+    def _weights_device(self) -> torch.device:
+        return self.trainer.device
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
