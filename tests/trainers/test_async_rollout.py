@@ -1,0 +1,165 @@
+"""Asynchronous rollout through RLTrainer on the tiny model (in-process runtime): every sample carries the
+version that generated it, one step off trains batch k on the weights of version k-2, the decoupled
+correction uses exactly those behaviour log-probs, and the plan says how the groups are placed."""
+
+import fiddle as fdl
+import pytest
+import torch
+
+from rlhf.algos import GRPO, PPOClipLoss, RolloutCorrection, TokenTIS
+from rlhf.data.generators import arithmetic_rows
+from rlhf.data.prompts import PromptDataset
+from rlhf.models.loading import load_causal_lm, load_tokenizer
+from rlhf.rewards.arithmetic import digit_match_score
+from rlhf.rewards.manager import RewardManager
+from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.experiment import Experiment, run_experiment
+from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.plan import compile_graph
+from rlhf.trainers.export import export_checkpoint
+from rlhf.trainers.records import RolloutRecorder, read_records
+from rlhf.trainers.rl import RLTrainer
+from rlhf.workers.objectives import PolicyObjective
+from rlhf.workers.policy import response_log_probs
+from rlhf.workers.training import TrainingSetup
+from rlhf_configs import common
+from rlhf_configs.async_rollout import use_async_rollout
+from rlhf_configs.pieces import policy_group
+from helpers import tiny_model_path
+
+CAP = 5.0  # decoupled_ppo's default behaviour-weight cap
+
+
+def graph(out, steps=3, **trainer) -> fdl.Config[Experiment]:
+    model = tiny_model_path()
+    tok = fdl.Config(load_tokenizer, model)
+    stage = fdl.Config(
+        RLTrainer,
+        # an entropy bonus moves the weights every step even where an untrained model's rewards are all equal,
+        # and big steps make the versions differ clearly
+        policy=policy_group(model_path=model, objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss),
+                                                                   entropy_coef=0.5),
+                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-2),
+                            training=fdl.Config(TrainingSetup, micro_batch_size=8)),
+        tokenizer=tok,
+        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=16), tokenizer=tok),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
+        advantage=fdl.Config(GRPO),
+        sampling=fdl.Config(SamplingParams, n=4, max_new_tokens=6),
+        prompts_per_step=4,
+        total_steps=steps,
+        save_freq=1,
+        keep_checkpoints=steps,
+        records=fdl.Config(RolloutRecorder),
+        **trainer,
+    )
+    return fdl.Config(Experiment, name="async", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
+                      output_dir=str(out), run_name="run", progress=False)
+
+
+def run_capturing(monkeypatch, g) -> dict[int, tuple[dict, object]]:
+    """Run `g`, keeping each step's metrics and the batch it trained on."""
+    seen = {}
+    step = RLTrainer.step
+
+    def spy(self, rollouts, needs, n):
+        metrics, batch = step(self, rollouts, needs, n)
+        seen[n] = (metrics, batch)
+        return metrics, batch
+
+    monkeypatch.setattr(RLTrainer, "step", spy)
+    run_experiment(g)
+    return seen
+
+
+def log_probs_under(folder: str, batch) -> torch.Tensor:
+    model = load_causal_lm(folder).eval()
+    with torch.no_grad():
+        return response_log_probs(model, batch, batch.meta["temperature"])[0]
+
+
+def version_weights(out, tmp_path, version: int) -> str:
+    """The policy's weights of `version` as a model folder: the starting model, or checkpoint `version`."""
+    if version == 0:
+        return tiny_model_path()
+    ckpt = out / "async" / "run" / "rl" / "checkpoints" / f"step_{version:08d}"
+    return export_checkpoint(str(ckpt), str(tmp_path / f"v{version}"))
+
+
+def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp_path, monkeypatch):
+    """The lag is known: step k trains (at version k-1) on batch k, generated with version max(0, k-2). Its
+    rollout log-probs are those of that version's weights, its old log-probs those of version k-1, and the
+    decoupled objective's weights are min(pi_old / pi_behaviour, cap), tokens above the cap dropped."""
+    g = graph(tmp_path / "out", steps=4)
+    common.one_step_off(g)
+    seen = run_capturing(monkeypatch, g)
+
+    rows = read_records(tmp_path / "out" / "async" / "run" / "rl")
+    assert {(r["step"], r["policy_version"]) for r in rows} == {(1, 0), (2, 0), (3, 1), (4, 2)}  # versions recorded
+    for k, (metrics, batch) in seen.items():
+        behaviour = max(0, k - 2)
+        assert batch["policy_version"].tolist() == [behaviour] * len(batch)
+        assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == k - 1 - behaviour
+
+    checked_far_from_old = False
+    for k in (2, 3, 4):
+        _, batch = seen[k]
+        mask = batch["attention_mask"][:, -batch["responses"].shape[1]:].bool()  # every generated token
+        behaviour_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, max(0, k - 2)), batch)
+        old_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, k - 1), batch)
+        torch.testing.assert_close(batch["rollout_log_probs"][mask], behaviour_lp[mask], atol=2e-5, rtol=0)
+        torch.testing.assert_close(batch["old_log_probs"][mask], old_lp[mask], atol=2e-5, rtol=0)
+        ratio = torch.exp(old_lp - behaviour_lp)  # pi_old / pi_behaviour: known from the two versions' weights
+        kept = mask & (ratio <= CAP)
+        assert torch.equal(batch["response_mask"].bool(), kept)  # tokens above the cap left the loss
+        torch.testing.assert_close(batch["rollout_is_weights"][kept], ratio[kept], atol=1e-4, rtol=1e-4)
+        assert bool((batch["rollout_is_weights"][~kept] == 0).all())
+        if k > 2:  # the correction saw a real lag: the behaviour policy is not the one being trained
+            checked_far_from_old |= float((old_lp - behaviour_lp)[mask].abs().mean()) > 1e-3
+    assert checked_far_from_old
+
+
+def test_staleness_zero_generates_with_the_trainers_own_weights(tmp_path, monkeypatch):
+    """max_staleness=0: the rollout group gets every update before it generates again, so its log-probs equal
+    the trainer's to float rounding at every step (a missed or wrong weight sync shows as an O(1) gap)."""
+    g = graph(tmp_path / "out", steps=3)
+    use_async_rollout(g.stages["rl"], max_staleness=0, weights="fixed_lag", transport="object_store")
+    seen = run_capturing(monkeypatch, g)
+    for k, (metrics, batch) in seen.items():
+        assert batch["policy_version"].tolist() == [k - 1] * len(batch)
+        assert metrics["rollout_corr/log_prob_abs_diff_max"] < 1e-4, k
+
+
+def test_async_rollout_without_a_correction_is_refused(tmp_path):
+    g = graph(tmp_path / "out")
+    common.one_step_off(g)
+    g.stages["rl"].rollout_correction = None
+    with pytest.raises(ValueError, match="needs the behaviour policy's log-probs"):
+        run_experiment(g)
+
+
+def test_a_correction_already_set_is_kept(tmp_path):
+    g = graph(tmp_path / "out")
+    g.stages["rl"].rollout_correction = fdl.Config(RolloutCorrection, is_weights=fdl.Config(TokenTIS))
+    common.streaming(g, max_staleness=3)
+    assert fdl.get_callable(g.stages["rl"].rollout_correction) is RolloutCorrection
+    assert g.stages["rl"].async_rollout.max_staleness == 3
+
+
+@pytest.mark.parametrize("placement, where", [
+    ("separate", "group 'rollout' on its own resources: generation overlaps training"),
+    ("colocated", "group 'rollout' colocated with 'policy': time-sliced"),
+])
+def test_the_plan_shows_the_mode_and_the_placement(tmp_path, placement, where):
+    g = graph(tmp_path / "out")
+    common.one_step_off(g, placement=placement)
+    text = compile_graph(g.stages["rl"]).describe()
+    assert "group rollout: 1 x RolloutWorker" in text and "rollout engine HFEngine (float32)" in text
+    assert "async rollout: one step off: batch k+1 is generated with the weights of version k-1" in text
+    assert where in text and "torch.distributed broadcast (gloo on CPU, NCCL on GPU)" in text
+    assert ("colocated with policy" in text) == (placement == "colocated")
+    g = graph(tmp_path / "out")
+    common.streaming(g, max_staleness=4, on_stale="drop", transport="object_store")
+    text = compile_graph(g.stages["rl"]).describe()
+    assert "streaming with the newest weights, at most 4 versions stale (drop past the bound)" in text
+    assert "Ray's object store" in text
