@@ -151,6 +151,7 @@ class RolloutPipeline:
         self._trainer_holds_device = False
         self._cond = threading.Condition()
         self._published: int | None = None  # the newest version the trainer published
+        self._first_published: int | None = None  # no weights older than this exist in this run (a resumed one)
         self._loaded: int | None = None  # the version the rollout side holds (None: not known to be any)
         self._loading: int | None = None  # the version the producer is loading or generating with
         self._producing = False
@@ -195,6 +196,11 @@ class RolloutPipeline:
                     self._rollout_idle += time.perf_counter() - waited
                     index = self._next_index
                     version = self.target(index) if self.fixed_lag else self._published
+                    if version < self._first_published:
+                        raise RuntimeError(
+                            f"rollout {index} is to be generated with policy version {version}, but this run's "
+                            f"weights start at version {self._first_published}: the checkpoint it resumed from "
+                            "should have held that rollout (a checkpoint written without its rollout queue?)")
                     self._loading, self._producing = version, True
                 with self._turn():
                     if version != self._loaded:
@@ -237,6 +243,8 @@ class RolloutPipeline:
         send(version, keep_from)
         with self._cond:
             self._published = version
+            if self._first_published is None:
+                self._first_published = version
             self._cond.notify_all()
 
     def take(self, step: int) -> tuple[Rollout, dict[str, float]]:
@@ -252,6 +260,9 @@ class RolloutPipeline:
                 if self._queue:
                     item = self._queue.popleft()
                     stale = step - 1 - item.version
+                    if self.on_stale == "wait" and item.index != step:  # nothing is dropped: rollout k is step k's
+                        raise RuntimeError(f"step {step} got rollout {item.index}: the queue lost or repeated a batch "
+                                           "(a checkpoint written without its rollout queue?)")
                     if stale <= self.max_staleness:
                         break
                     if self.on_stale != "drop":
