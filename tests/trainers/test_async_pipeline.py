@@ -111,7 +111,9 @@ def test_a_batch_past_the_bound_is_dropped_and_counted():
     finally:
         pipeline.close()
     assert first.version == 0 and m1["async/dropped"] == 0
-    assert second.version == 1 and m2["async/dropped"] == 3 * 4 and m2["async/dropped_total"] == 12
+    # the 3 queued version-0 batches, and a 4th if the producer refilled the freed slot before version 1 was out
+    assert second.version == 1 and m2["async/dropped"] in (3 * 4, 4 * 4)
+    assert m2["async/dropped_total"] == m2["async/dropped"]
     assert m2["async/staleness/max"] == 0
 
 
