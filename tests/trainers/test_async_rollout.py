@@ -163,3 +163,51 @@ def test_the_plan_shows_the_mode_and_the_placement(tmp_path, placement, where):
     text = compile_graph(g.stages["rl"]).describe()
     assert "streaming with the newest weights, at most 4 versions stale (drop past the bound)" in text
     assert "Ray's object store" in text
+
+
+# ------------------------------------------------------------------------------- through Ray
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local cluster for the Ray runs below (RayRuntime joins a cluster this process already started):
+    3 CPUs, for a policy of 2 FSDP ranks beside a rollout worker (oversubscribed on a 2-core machine)."""
+    import ray
+
+    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"PYTHONPATH": ":".join(__import__("sys").path)}})
+    yield
+    ray.shutdown()
+
+
+RAY_MODES = {
+    "one_step_off": (dict(max_staleness=1, weights="fixed_lag"), {}),
+    "streaming_drop_object_store": (dict(max_staleness=2, on_stale="drop", transport="object_store"), {}),
+    "one_step_off_colocated": (dict(max_staleness=1, weights="fixed_lag", placement="colocated"), {}),
+    "fsdp_2_ranks_staleness_0": (dict(max_staleness=0, weights="fixed_lag", rollout_workers=1), {"fsdp": True}),
+    "staleness_0_object_store": (dict(max_staleness=0, weights="fixed_lag", transport="object_store"), {}),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", list(RAY_MODES))
+def test_each_mode_runs_through_ray(tmp_path, monkeypatch, ray_cluster, mode):
+    from rlhf.runtime.ray_runtime import RayRuntime
+
+    settings, extra = RAY_MODES[mode]
+    g = graph(tmp_path / "out", steps=3)
+    g.runtime = fdl.Config(RayRuntime, num_cpus=3)  # the fixture's cluster
+    if extra.get("fsdp"):
+        common.workers(g, n=2)
+        common.fsdp(g)
+    use_async_rollout(g.stages["rl"], **settings)
+    seen = run_capturing(monkeypatch, g)
+    bound = settings["max_staleness"]
+    assert sorted(seen) == [1, 2, 3]
+    for k, (metrics, batch) in seen.items():
+        assert 0 <= metrics["async/staleness/max"] <= bound
+        assert set(batch["policy_version"].tolist()) <= set(range(max(0, k - 1 - bound), k))
+        for key in ("async/trainer_idle_s", "async/rollout_idle_s", "async/queue_size", "async/dropped"):
+            assert key in metrics
+        if bound == 0:  # the rollout side got every update exactly (FSDP-gathered, broadcast or object store)
+            assert metrics["rollout_corr/log_prob_abs_diff_max"] < 1e-4, (k, metrics["rollout_corr/log_prob_abs_diff_max"])
+    rows = read_records(tmp_path / "out" / "async" / "run" / "rl")
+    assert sorted({r["step"] for r in rows}) == [1, 2, 3] and all("policy_version" in r for r in rows)
