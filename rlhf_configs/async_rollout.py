@@ -24,7 +24,7 @@ def use_async_rollout(
     on_stale: OnStale = "wait",
     weights: Weights = "newest",
     placement: Placement = "separate",
-    transport: Transport = "broadcast",
+    transport: Transport = "auto",
     rollout_workers: int | None = None,
 ) -> None:
     """Roll out in a group named "rollout" running the policy's engine on its own copy of the weights.

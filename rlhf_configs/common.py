@@ -57,7 +57,7 @@ def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> Non
     selectors.select(cfg, TrainingSetup, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do
 
 
-def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "broadcast") -> None:
+def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "auto") -> None:
     """Asynchronous rollout, one step off policy (verl): while the trainer updates on batch k, a rollout group
     generates batch k+1 with the weights of version k-1; reproducible, and resumes bit-identically. Loss:
     AReaL's decoupled PPO unless a rollout correction is set (docs/async.md). Every RL stage."""
@@ -67,7 +67,7 @@ def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate",
 
 
 def streaming(cfg: fdl.Config[Experiment], max_staleness: int = 2, on_stale: OnStale = "wait",
-              placement: Placement = "separate", transport: Transport = "broadcast") -> None:
+              placement: Placement = "separate", transport: Transport = "auto") -> None:
     """Bounded-staleness streaming: a rollout group generates continuously with the newest weights, and a
     sample more than `max_staleness` versions old is waited for or dropped (`on_stale`). Depends on timing,
     so runs differ; loss: AReaL's decoupled PPO unless a rollout correction is set (docs/async.md)."""

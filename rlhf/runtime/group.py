@@ -29,6 +29,7 @@ class WorkerGroup(abc.ABC):
     """Calls worker methods across data-parallel ranks; subclasses implement `_run`."""
 
     balance = True  # balance sharded calls by token count; set False on a group for contiguous shards
+    in_process = False  # whether the workers run in the driver's process (LocalRuntime)
 
     def __init__(self, spec: GroupSpec, world_size: int):
         self.spec = spec

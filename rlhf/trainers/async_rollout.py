@@ -51,7 +51,7 @@ from rlhf.ranges import NonNegativeInt, PositiveInt
 
 OnStale = Literal["wait", "drop"]
 Weights = Literal["newest", "fixed_lag"]
-Transport = Literal["broadcast", "object_store"]
+Transport = Literal["auto", "broadcast", "object_store"]
 QUEUE_FOLDER = "rollout_queue"  # in a checkpoint: the batches generated ahead of the trainer
 
 # produce(prompts, more_prompts, timing, generate) -> (scored batch, metrics): RLTrainer's production code
@@ -348,7 +348,10 @@ class AsyncRollout:
         max_staleness: NonNegativeInt = 1,  # versions a trained sample may lag the trainer (0: no overlap)
         on_stale: OnStale = "wait",  # past the bound: "wait" (never generate too far ahead) or "drop" the batch
         weights: Weights = "newest",  # "newest" published version, or exactly "fixed_lag" = max_staleness behind
-        transport: Transport = "broadcast",  # weights to the rollout side: torch.distributed broadcast or Ray's object store
+        # weights to the rollout side: torch.distributed "broadcast" or Ray's "object_store"; "auto": broadcast between
+        # processes on their own devices, else the object store (in-process: the snapshot itself; NCCL cannot pair
+        # two ranks on one GPU)
+        transport: Transport = "auto",
         max_queued: PositiveInt | None = None,  # batches waiting in the queue at most; None: max_staleness + 1
     ):
         check_choice("AsyncRollout.on_stale", on_stale, OnStale)
@@ -380,8 +383,10 @@ class AsyncRollout:
                      "time and the engine sleeps while the trainer runs")
         else:
             where = f"group {name!r} on its own resources: generation overlaps training"
-        how = ("torch.distributed broadcast (gloo on CPU, NCCL on GPU)" if arguments["transport"] == "broadcast"
-               else "Ray's object store")
+        how = {"broadcast": "torch.distributed broadcast (gloo on CPU, NCCL on GPU)",
+               "object_store": "Ray's object store (in-process: handed over)",
+               "auto": "torch.distributed broadcast (gloo on CPU, NCCL on GPU); colocated or in-process: Ray's "
+                       "object store (handed over)"}[arguments["transport"]]
         return f"async rollout: {mode}; {where}; weights after each update by {how}"
 
     # -------------------------------------------------------------------- run
@@ -408,11 +413,13 @@ class AsyncRollout:
         self._prompts = prompts_from(self._drawn, state.get("data_position"))
         self._dtype = self.rollout.weights_dtype()[0]
         self._refs: dict[int, Any] = {}
-        if self.transport == "broadcast":
+        time_sliced = getattr(self.rollout.spec, "colocate_with", None) is not None
+        self._transport = self.transport
+        if self.transport == "auto":
+            self._transport = "object_store" if time_sliced or getattr(self.rollout, "in_process", False) else "broadcast"
+        if self._transport == "broadcast":
             address = policy.serve_weights(self.rollout.world_size)[0]
             self.rollout.connect_weights(address, self.rollout.world_size)
-        time_sliced = getattr(self.rollout.spec, "colocate_with", None) is not None
-        self._time_sliced = time_sliced
 
         def produce_one(index: int, version: int) -> tuple[Batch, dict[str, float]]:
             timing: dict[str, float] = {}
@@ -445,7 +452,7 @@ class AsyncRollout:
         return next(self._prompts)
 
     def _send(self, version: int, keep_from: int) -> None:
-        if self.transport == "broadcast":
+        if self._transport == "broadcast":
             self.policy.publish_weights(version, self._dtype, keep_from)
             return
         self._refs[version] = self.policy.deferred("publish_weights", version, self._dtype)[0]  # rank 0's
@@ -453,7 +460,7 @@ class AsyncRollout:
             del self._refs[old]
 
     def _load(self, version: int) -> None:
-        if self.transport == "broadcast":
+        if self._transport == "broadcast":
             self.rollout.receive_weights(version)
         else:
             self.rollout.load_weights(self._refs[version])
@@ -487,7 +494,7 @@ class AsyncRollout:
     def close(self) -> None:
         if self._pipeline is not None:
             self._pipeline.close()
-        if self.transport == "broadcast":
+        if self._pipeline is not None and self._transport == "broadcast":
             with contextlib.suppress(Exception):  # the groups may be gone already (an error stopped the run)
                 self.rollout.disconnect_weights()
                 self.policy.stop_serving_weights()
