@@ -8,7 +8,7 @@ from typing import Literal
 
 import fiddle as fdl
 
-from rlhf.algos import decoupled_ppo
+from rlhf.algos import DecoupledPPO
 from rlhf.choices import check_choice
 from rlhf.runtime.remote import Remote
 from rlhf.trainers.async_rollout import AsyncRollout, OnStale, Transport, Weights
@@ -32,8 +32,9 @@ def use_async_rollout(
     placement "separate": the group has its own resources (as many CPUs/GPUs per worker as the policy's),
     so generation overlaps training; "colocated": it shares the policy's bundles and takes turns with the
     trainer (one device). `rollout_workers`: ranks of a separate group (None: as many as the policy's;
-    a colocated group always has the policy's). The stage's rollout correction becomes AReaL's decoupled
-    PPO objective (`decoupled_ppo()`) unless one is set: a stale sample needs its behaviour log-probs.
+    a colocated group always has the policy's). The policy's objective becomes AReaL's decoupled PPO
+    (`PolicyObjective.decoupled = DecoupledPPO()`) unless it or the stage's rollout correction already
+    corrects for the behaviour policy: a stale sample needs its behaviour log-probs.
     """
     check_choice("use_async_rollout: placement", placement, Placement)
     policy = stage.policy
@@ -59,5 +60,5 @@ def use_async_rollout(
         weights=weights,
         transport=transport,
     )
-    if stage.rollout_correction is None:
-        stage.rollout_correction = fdl.Config(decoupled_ppo)
+    if stage.rollout_correction is None and worker.objective.decoupled is None:
+        worker.objective.decoupled = fdl.Config(DecoupledPPO)

@@ -68,8 +68,8 @@ from rlhf.algos.rollout_correction import (
     RolloutCorrection,
     RolloutCorrectionOutput,
     SequenceTIS,
+    DecoupledPPO,
     TokenTIS,
-    decoupled_ppo,
     effective_sample_size,
     mismatch_metrics,
     reduce_seq_max,
@@ -154,7 +154,7 @@ __all__ = [
     "reduce_seq_max",
     "RolloutCorrection",
     "RolloutCorrectionOutput",
-    "decoupled_ppo",
+    "DecoupledPPO",
     "mismatch_metrics",
     "effective_sample_size",
     # DAPO, PF-PPO

@@ -49,7 +49,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from rlhf.algos.requirements import reference_problems, setup_problems
+from rlhf.algos.requirements import reference_problems, setup_problems, staleness_problems
 from rlhf.graph.typecheck import annotation_problems
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import compile_graph
@@ -431,6 +431,10 @@ def _check_data_flow(name: str, stage: Any, report: Report) -> None:
             if args.get("kl_in_reward") is not None and _is(policy, Remote) and _is(_get(policy, "worker"), PolicyWorker):
                 has_ref = _get(_get(policy, "worker"), "ref_model_path") is not None
                 problems += reference_problems(kl_loss=False, kl_in_reward=True, has_ref=has_ref)
+            objective = _get(_get(policy, "worker"), "objective") if _is(policy, Remote) else None
+            problems += staleness_problems(stale_samples=args.get("async_rollout") is not None,
+                                           rollout_correction=args.get("rollout_correction") is not None,
+                                           decoupled=objective is not None and _get(objective, "decoupled") is not None)
         if _is(node, PolicyWorker):
             args = _args(node)
             objective = args.get("objective")

@@ -89,8 +89,9 @@ class RLTrainer:
         # target_num_groups=prompts_per_step); None: off
         dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
         pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
-        # rollouts from a group of their own, up to max_staleness policy versions behind the trainer
-        # (docs/async.md; needs rollout_correction); None: each step generates with the policy's engine
+        # rollouts from a group of their own, up to max_staleness policy versions behind the trainer (docs/async.md;
+        # the loss needs the behaviour log-probs: PolicyObjective.decoupled); None: each step generates with the
+        # policy's engine
         async_rollout: AsyncRollout | None = None,
         seed: NonNegativeInt = 0,
     ):
@@ -100,13 +101,6 @@ class RLTrainer:
                                   dynamic_sampling=dynamic_sampling is not None)
         if problems:
             raise ValueError("RLTrainer: " + " ".join(f"{p.field}: {p.message}" for p in problems))
-        if async_rollout is not None and rollout_correction is None:
-            raise ValueError(
-                "RLTrainer.async_rollout trains on samples up to max_staleness versions old, so the loss needs the "
-                "behaviour policy's log-probs: set rollout_correction, e.g. decoupled_ppo() (AReaL's decoupled "
-                "objective, what fiddler:one_step_off and fiddler:streaming set) or RolloutCorrection(bypass=True) "
-                "(plain PPO against the behaviour policy)."
-            )
         if reward_model is not None and not getattr(train_data, "raw_prompt", False):
             raise ValueError(
                 "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "

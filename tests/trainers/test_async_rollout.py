@@ -6,7 +6,7 @@ import fiddle as fdl
 import pytest
 import torch
 
-from rlhf.algos import GRPO, PPOClipLoss, RolloutCorrection, TokenTIS
+from rlhf.algos import GRPO, DecoupledPPO, PPOClipLoss, RolloutCorrection, TokenTIS
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_causal_lm, load_tokenizer
@@ -16,6 +16,7 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import compile_graph
+from rlhf.runtime.preflight import PreflightError
 from rlhf.trainers.export import export_checkpoint
 from rlhf.trainers.records import RolloutRecorder, read_records
 from rlhf.trainers.rl import RLTrainer
@@ -27,7 +28,7 @@ from rlhf_configs.async_rollout import use_async_rollout
 from rlhf_configs.pieces import policy_group
 from helpers import tiny_model_path
 
-CAP = 5.0  # decoupled_ppo's default behaviour-weight cap
+CAP = 5.0  # DecoupledPPO's default behaviour-weight cap
 
 
 def graph(out, steps=3, **trainer) -> fdl.Config[Experiment]:
@@ -88,8 +89,9 @@ def version_weights(out, tmp_path, version: int) -> str:
 
 def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp_path, monkeypatch):
     """The lag is known: step k trains (at version k-1) on batch k, generated with version max(0, k-2). Its
-    rollout log-probs are those of that version's weights, its old log-probs those of version k-1, and the
-    decoupled objective's weights are min(pi_old / pi_behaviour, cap), tokens above the cap dropped."""
+    rollout log-probs are those of that version's weights, and the decoupled objective weighs each token by
+    pi_{k-1} / pi_{k-2}, dropping tokens above the cap: the logged token means equal what the two versions'
+    weights (from the checkpoints) give."""
     g = graph(tmp_path / "out", steps=4)
     common.one_step_off(g)
     seen = run_capturing(monkeypatch, g)
@@ -100,23 +102,20 @@ def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp
         behaviour = max(0, k - 2)
         assert batch["policy_version"].tolist() == [behaviour] * len(batch)
         assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == k - 1 - behaviour
+        assert "old_log_probs" not in batch  # one epoch, one mini-batch: the proximal policy is the current one
 
-    checked_far_from_old = False
-    for k in (2, 3, 4):
-        _, batch = seen[k]
-        mask = batch["attention_mask"][:, -batch["responses"].shape[1]:].bool()  # every generated token
+    lags = []
+    for k in (1, 2, 3, 4):
+        metrics, batch = seen[k]
+        mask = batch["response_mask"].bool()
         behaviour_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, max(0, k - 2)), batch)
-        old_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, k - 1), batch)
+        proximal_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, k - 1), batch)
         torch.testing.assert_close(batch["rollout_log_probs"][mask], behaviour_lp[mask], atol=2e-5, rtol=0)
-        torch.testing.assert_close(batch["old_log_probs"][mask], old_lp[mask], atol=2e-5, rtol=0)
-        ratio = torch.exp(old_lp - behaviour_lp)  # pi_old / pi_behaviour: known from the two versions' weights
-        kept = mask & (ratio <= CAP)
-        assert torch.equal(batch["response_mask"].bool(), kept)  # tokens above the cap left the loss
-        torch.testing.assert_close(batch["rollout_is_weights"][kept], ratio[kept], atol=1e-4, rtol=1e-4)
-        assert bool((batch["rollout_is_weights"][~kept] == 0).all())
-        if k > 2:  # the correction saw a real lag: the behaviour policy is not the one being trained
-            checked_far_from_old |= float((old_lp - behaviour_lp)[mask].abs().mean()) > 1e-3
-    assert checked_far_from_old
+        ratio = torch.exp(proximal_lp - behaviour_lp)[mask]  # pi_prox / pi_behaviour: known from the two versions
+        assert metrics["actor/behaviour_weight_mean"] == pytest.approx(float(ratio.mean()), abs=1e-4)
+        assert metrics["actor/behaviour_capped_fraction"] == pytest.approx(float((ratio > CAP).float().mean()), abs=1e-6)
+        lags.append(float((proximal_lp - behaviour_lp)[mask].abs().mean()))
+    assert lags[0] < 1e-5 and lags[1] > 1e-3 and lags[2] > 1e-3  # step 1 is on-policy; later steps really lag
 
 
 def test_staleness_zero_generates_with_the_trainers_own_weights(tmp_path, monkeypatch):
@@ -130,11 +129,12 @@ def test_staleness_zero_generates_with_the_trainers_own_weights(tmp_path, monkey
         assert metrics["rollout_corr/log_prob_abs_diff_max"] < 1e-4, k
 
 
-def test_async_rollout_without_a_correction_is_refused(tmp_path):
+def test_async_rollout_without_a_correction_is_a_preflight_error(tmp_path):
     g = graph(tmp_path / "out")
     common.one_step_off(g)
-    g.stages["rl"].rollout_correction = None
-    with pytest.raises(ValueError, match="needs the behaviour policy's log-probs"):
+    g.stages["rl"].policy.worker.objective.decoupled = None
+    with pytest.raises(PreflightError, match="stages.rl.policy.worker.objective.decoupled: async_rollout trains on "
+                                             "samples up to max_staleness versions old"):
         run_experiment(g)
 
 
@@ -143,7 +143,11 @@ def test_a_correction_already_set_is_kept(tmp_path):
     g.stages["rl"].rollout_correction = fdl.Config(RolloutCorrection, is_weights=fdl.Config(TokenTIS))
     common.streaming(g, max_staleness=3)
     assert fdl.get_callable(g.stages["rl"].rollout_correction) is RolloutCorrection
+    assert g.stages["rl"].policy.worker.objective.decoupled is None  # one correction, not two
     assert g.stages["rl"].async_rollout.max_staleness == 3
+    g = graph(tmp_path / "out")
+    common.one_step_off(g)
+    assert fdl.get_callable(g.stages["rl"].policy.worker.objective.decoupled) is DecoupledPPO
 
 
 @pytest.mark.parametrize("placement, where", [
