@@ -79,10 +79,11 @@ def log_probs_under(folder: str, batch) -> torch.Tensor:
         return response_log_probs(model, batch, batch.meta["temperature"])[0]
 
 
-def version_weights(out, tmp_path, version: int) -> str:
-    """The policy's weights of `version` as a model folder: the starting model, or checkpoint `version`."""
+def version_weights(out, tmp_path, version: int, base: str | None = None) -> str:
+    """The policy's weights of `version` as a model folder: the starting model `base` (default the tiny
+    model), or checkpoint `version`."""
     if version == 0:
-        return tiny_model_path()
+        return base or tiny_model_path()
     ckpt = out / "async" / "run" / "rl" / "checkpoints" / f"step_{version:08d}"
     return export_checkpoint(str(ckpt), str(tmp_path / f"v{version}"))
 
