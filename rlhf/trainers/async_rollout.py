@@ -365,7 +365,14 @@ class AsyncRollout:
         self.weights = weights
         self.transport = transport
         self.max_queued = max_queued
+        # set by `start` for one run
+        self.policy = None
         self._pipeline: RolloutPipeline | None = None
+        self._transport: Transport = transport
+        self._prompts: Iterator[Batch] | None = None
+        self._drawn = 0  # prompt batches taken from the data: the data position of an in-memory dataset
+        self._dtype = None
+        self._refs: dict[int, Any] = {}  # object store: the snapshot of each version still needed
 
     @staticmethod
     def describe_plan(arguments: Mapping[str, Any], groups: Mapping[str, Any]) -> str:
@@ -412,7 +419,7 @@ class AsyncRollout:
         self._drawn = int(state.get("drawn", start_step))
         self._prompts = prompts_from(self._drawn, state.get("data_position"))
         self._dtype = self.rollout.weights_dtype()[0]
-        self._refs: dict[int, Any] = {}
+        self._refs = {}
         time_sliced = getattr(self.rollout.spec, "colocate_with", None) is not None
         self._transport = self.transport
         if self.transport == "auto":
