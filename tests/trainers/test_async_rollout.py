@@ -51,7 +51,7 @@ def graph(out, steps=3, **trainer) -> fdl.Config[Experiment]:
         total_steps=steps,
         save_freq=1,
         keep_checkpoints=steps,
-        records=fdl.Config(RolloutRecorder),
+        records=fdl.Partial(RolloutRecorder),
         **trainer,
     )
     return fdl.Config(Experiment, name="async", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
