@@ -8,11 +8,16 @@ Two jobs, each run in every mode with the same seed, data and number of trained 
   group generates and trains on its core.
 - `smollm2`: the same GRPO settings on SmolLM2-135M-Instruct (no SFT; reward: the response's last number,
   verl's flexible GSM8K rule, which the model's "18 + 93 = 111" meets), 4 samples of up to 24 tokens.
+- `tiny_balanced`: the tiny job decoding through transformers' own `generate` (`HFEngine(use_generate=True)`,
+  2-4x slower than the project's decoding loop), so generation takes about as long as the update, the case
+  where overlap pays most (on GPUs decoding usually dominates). On this CPU the main job's update costs ~4x
+  its generation whatever the response length (forcing 24-token responses: 0.16 s vs 0.45 s).
 
 Modes: `sync` (the default: the policy group's hybrid engine), `one_step_off` (what fiddler:one_step_off
 sets) and `streaming` (fiddler:streaming: newest weights, max_staleness=2, waiting past the bound);
 `sync_separate` (a rollout group at max_staleness=0: two workers, no overlap) shows what the overlap
-itself buys. Rounds alternate the modes (`--rounds`); speed-ups are per round, reported as median and
+itself buys, and `sync_reseeded` (sync with another sampling seed) the run-to-run spread of the accuracy
+that any difference between modes must be read against. Rounds alternate the modes (`--rounds`); speed-ups are per round, reported as median and
 range. Steps/s is over steps 2..N (step 1 carries the start-up). The trainer idle fraction is the time the
 trainer waited for its batch (`async/trainer_idle_s`; synchronously the generation and scoring time)
 over the step time. Accuracy: greedy, held-out problems, after the run (nothing is dropped when waiting,
@@ -47,7 +52,7 @@ import torch
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 
-MODES = ["sync", "one_step_off", "streaming"]
+MODES = ["sync", "sync_reseeded", "one_step_off", "streaming"]
 ASYNC = {"one_step_off": dict(max_staleness=1, weights="fixed_lag"),  # = fiddler:one_step_off
          "streaming": dict(max_staleness=2, weights="newest"),  # = fiddler:streaming
          "sync_separate": dict(max_staleness=0, weights="fixed_lag")}
@@ -64,6 +69,14 @@ def tiny_stage(checkpoint: str, steps: int, prompts: int):
     rl = recipe.base().stages["grpo"]
     rl.total_steps, rl.prompts_per_step = steps, prompts
     return resolve_stage_outputs(rl, {"sft": {"checkpoint": checkpoint}}, "grpo")
+
+
+def slow_decoding(stage):
+    """Decode with transformers' `generate` (the policy's engine; the rollout group takes the same)."""
+    from rlhf.rollout.hf_engine import HFEngine
+
+    stage.policy.worker.engine = fdl.Partial(HFEngine, use_generate=True)
+    return stage
 
 
 def tiny_sft(out: Path, steps: int) -> tuple[str, float]:
@@ -131,8 +144,10 @@ def run_stage(stage, out: Path, mode: str, args) -> dict:
 
     if mode in ASYNC:
         use_async_rollout(stage, placement=args.placement, **ASYNC[mode])
+    elif mode == "sync_reseeded":  # the policy worker's torch seed: only the sampling changes
+        stage.policy.worker.training.seed = 1
     elif mode != "sync":
-        raise SystemExit(f"unknown mode {mode!r}; modes: sync, {', '.join(ASYNC)}")
+        raise SystemExit(f"unknown mode {mode!r}; modes: sync, sync_reseeded, {', '.join(ASYNC)}")
     steps: list[dict] = []
     ends: list[float] = []
     original = RLTrainer.step
@@ -182,7 +197,7 @@ def summarise(mode: str, steps: list[dict], ends: list[float], final: dict, wall
     steady = steps[1:] or steps
     seconds = ends[-1] - ends[0] if len(ends) > 1 else wall
     step_time = sum(m["timing_s/step"] for m in steady)
-    if mode == "sync":
+    if mode.startswith("sync") and mode != "sync_separate":
         idle = sum(m.get("timing_s/gen", 0.0) + m.get("timing_s/reward", 0.0) for m in steady)
     else:
         idle = sum(m["async/trainer_idle_s"] for m in steady)
@@ -211,13 +226,14 @@ def summarise(mode: str, steps: list[dict], ends: list[float], final: dict, wall
 # ---------------------------------------------------------------------------------------------- main
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--jobs", default="tiny,smollm2", help="tiny, smollm2 (comma-separated)")
-    parser.add_argument("--modes", default=",".join(MODES), help=f"sync, {', '.join(ASYNC)}")
+    parser.add_argument("--jobs", default="tiny,tiny_balanced,smollm2", help="tiny, tiny_balanced, smollm2 (comma-separated)")
+    parser.add_argument("--modes", default=",".join(MODES), help=f"sync, sync_reseeded, {', '.join(ASYNC)}")
     parser.add_argument("--rounds", type=int, default=2, help="alternations of the modes on the tiny job")
     parser.add_argument("--steps", type=int, default=250, help="GRPO steps of the tiny job (the main job's 250)")
     parser.add_argument("--prompts", type=int, default=64, help="prompts per step of the tiny job (x 8 samples)")
     parser.add_argument("--sft-steps", type=int, default=250, help="SFT steps of the tiny job (the recipe's 250)")
     parser.add_argument("--sft-checkpoint", default=None, help="reuse an SFT checkpoint of the tiny job")
+    parser.add_argument("--balanced-steps", type=int, default=60, help="GRPO steps of the tiny_balanced job")
     parser.add_argument("--smol-steps", type=int, default=8, help="GRPO steps on SmolLM2 per run")
     parser.add_argument("--smol-prompts", type=int, default=8, help="prompts per SmolLM2 step (x 4 samples)")
     parser.add_argument("--smol-eval", type=int, default=64, help="held-out problems for SmolLM2's accuracy")
@@ -239,16 +255,19 @@ def main() -> int:
     report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "modes": modes,
                     "load_average_start": os.getloadavg(), "cpus": os.cpu_count(), "gpu": args.gpu,
                     "runtime": args.runtime, "placement": args.placement, "jobs": {}}
+    checkpoint, sft_accuracy = args.sft_checkpoint, None
     for job in args.jobs.split(","):
+        if job in ("tiny", "tiny_balanced") and checkpoint is None:
+            checkpoint, sft_accuracy = tiny_sft(out / "sft", args.sft_steps)
+            print(f"tiny: SFT checkpoint {checkpoint} (held-out accuracy {sft_accuracy:.3f})", flush=True)
         if job == "tiny":
-            if args.sft_checkpoint:
-                checkpoint, sft_accuracy = args.sft_checkpoint, None
-            else:
-                checkpoint, sft_accuracy = tiny_sft(out / "sft", args.sft_steps)
-                print(f"tiny: SFT checkpoint {checkpoint} (held-out accuracy {sft_accuracy:.3f})", flush=True)
             make = lambda: tiny_stage(checkpoint, args.steps, args.prompts)  # noqa: E731
             rounds, settings = args.rounds, {"steps": args.steps, "prompts": args.prompts, "samples_per_prompt": 8,
                                              "sft_accuracy": sft_accuracy, "sft_steps": args.sft_steps}
+        elif job == "tiny_balanced":
+            make = lambda: slow_decoding(tiny_stage(checkpoint, args.balanced_steps, args.prompts))  # noqa: E731
+            rounds, settings = args.rounds, {"steps": args.balanced_steps, "prompts": args.prompts,
+                                             "samples_per_prompt": 8, "engine": "HFEngine(use_generate=True)"}
         elif job == "smollm2":
             from rlhf.models.importing import import_model
 
@@ -258,7 +277,7 @@ def main() -> int:
                                                   "samples_per_prompt": 4, "max_new_tokens": 24,
                                                   "eval_problems": args.smol_eval}
         else:
-            raise SystemExit(f"unknown job {job!r}: tiny or smollm2")
+            raise SystemExit(f"unknown job {job!r}: tiny, tiny_balanced or smollm2")
         runs: dict[str, list[dict]] = {m: [] for m in modes}
         for r in range(rounds):
             for mode in modes[r % len(modes):] + modes[: r % len(modes)]:  # rotate the order every round
