@@ -16,8 +16,10 @@ Two jobs, each run in every mode with the same seed, data and number of trained 
 Modes: `sync` (the default: the policy group's hybrid engine), `one_step_off` (what fiddler:one_step_off
 sets) and `streaming` (fiddler:streaming: newest weights, max_staleness=2, waiting past the bound);
 `sync_separate` (a rollout group at max_staleness=0: two workers, no overlap) shows what the overlap
-itself buys, and `sync_reseeded` (sync with another sampling seed) the run-to-run spread of the accuracy
-that any difference between modes must be read against. Rounds alternate the modes (`--rounds`); speed-ups are per round, reported as median and
+itself buys, `sync_reseeded` (sync with another sampling seed) the run-to-run spread of the accuracy that
+any difference between modes must be read against, and `two_steps_off` / `four_steps_off` (exactly 2 / 4
+versions behind) the staleness/correctness trade-off, with the loss's correction chosen by `--correction`
+("bypass": PPO's ratio against the behaviour policy, the fiddlers' default; "decoupled": AReaL's objective). Rounds alternate the modes (`--rounds`); speed-ups are per round, reported as median and
 range. Steps/s is over steps 2..N (step 1 carries the start-up). The trainer idle fraction is the time the
 trainer waited for its batch (`async/trainer_idle_s`; synchronously the generation and scoring time)
 over the step time. Accuracy: greedy, held-out problems, after the run (nothing is dropped when waiting,
@@ -55,7 +57,9 @@ sys.path.insert(0, str(ROOT))
 MODES = ["sync", "sync_reseeded", "one_step_off", "streaming"]
 ASYNC = {"one_step_off": dict(max_staleness=1, weights="fixed_lag"),  # = fiddler:one_step_off
          "streaming": dict(max_staleness=2, weights="newest"),  # = fiddler:streaming
-         "sync_separate": dict(max_staleness=0, weights="fixed_lag")}
+         "sync_separate": dict(max_staleness=0, weights="fixed_lag"),
+         "two_steps_off": dict(max_staleness=2, weights="fixed_lag"),  # staleness sweeps: exactly 2 / 4 behind
+         "four_steps_off": dict(max_staleness=4, weights="fixed_lag")}
 ACCURACY = "val-core/arithmetic/reward/mean@1"
 
 
@@ -143,7 +147,7 @@ def run_stage(stage, out: Path, mode: str, args) -> dict:
     from rlhf_configs.async_rollout import use_async_rollout
 
     if mode in ASYNC:
-        use_async_rollout(stage, placement=args.placement, **ASYNC[mode])
+        use_async_rollout(stage, placement=args.placement, correction=args.correction, **ASYNC[mode])
     elif mode == "sync_reseeded":  # the policy worker's torch seed: only the sampling changes
         stage.policy.worker.training.seed = 1
     elif mode != "sync":
@@ -244,6 +248,8 @@ def main() -> int:
                              "colocated: --placement colocated)")
     parser.add_argument("--placement", default="separate", choices=["separate", "colocated"],
                         help="the rollout group's placement in the asynchronous modes")
+    parser.add_argument("--correction", default="bypass", choices=["bypass", "decoupled"],
+                        help="how the asynchronous modes' loss corrects for the behaviour policy")
     args = parser.parse_args()
     torch.set_num_threads(1)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -254,7 +260,7 @@ def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="async_rollout-"))
     report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "modes": modes,
                     "load_average_start": os.getloadavg(), "cpus": os.cpu_count(), "gpu": args.gpu,
-                    "runtime": args.runtime, "placement": args.placement, "jobs": {}}
+                    "runtime": args.runtime, "placement": args.placement, "correction": args.correction, "jobs": {}}
     checkpoint, sft_accuracy = args.sft_checkpoint, None
     for job in args.jobs.split(","):
         if job in ("tiny", "tiny_balanced") and checkpoint is None:

@@ -8,7 +8,7 @@ from typing import Literal
 
 import fiddle as fdl
 
-from rlhf.algos import DecoupledPPO
+from rlhf.algos import DecoupledPPO, RolloutCorrection
 from rlhf.choices import check_choice
 from rlhf.runtime.remote import Remote
 from rlhf.trainers.async_rollout import AsyncRollout, OnStale, Transport, Weights
@@ -16,6 +16,7 @@ from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.rollout import RolloutWorker
 
 Placement = Literal["separate", "colocated"]
+Correction = Literal["bypass", "decoupled"]
 
 
 def use_async_rollout(
@@ -26,17 +27,21 @@ def use_async_rollout(
     placement: Placement = "separate",
     transport: Transport = "auto",
     rollout_workers: int | None = None,
+    correction: Correction = "bypass",
 ) -> None:
     """Roll out in a group named "rollout" running the policy's engine on its own copy of the weights.
 
     placement "separate": the group has its own resources (as many CPUs/GPUs per worker as the policy's),
     so generation overlaps training; "colocated": it shares the policy's bundles and takes turns with the
     trainer (one device). `rollout_workers`: ranks of a separate group (None: as many as the policy's;
-    a colocated group always has the policy's). The policy's objective becomes AReaL's decoupled PPO
-    (`PolicyObjective.decoupled = DecoupledPPO()`) unless it or the stage's rollout correction already
-    corrects for the behaviour policy: a stale sample needs its behaviour log-probs.
+    a colocated group always has the policy's). A stale sample needs its behaviour log-probs in the loss:
+    unless the stage already corrects for the behaviour policy, `correction` "bypass" sets
+    `rollout_correction=RolloutCorrection(bypass=True)` (the PPO ratio against the policy that sampled:
+    prime-rl's and TRL's asynchronous default, and the one that held up here, docs/async.md) and
+    "decoupled" the objective's `DecoupledPPO()` (AReaL's).
     """
     check_choice("use_async_rollout: placement", placement, Placement)
+    check_choice("use_async_rollout: correction", correction, Correction)
     policy = stage.policy
     worker = policy.worker
     colocated = placement == "colocated"
@@ -61,4 +66,7 @@ def use_async_rollout(
         transport=transport,
     )
     if stage.rollout_correction is None and worker.objective.decoupled is None:
-        worker.objective.decoupled = fdl.Config(DecoupledPPO)
+        if correction == "bypass":
+            stage.rollout_correction = fdl.Config(RolloutCorrection, bypass=True)
+        else:
+            worker.objective.decoupled = fdl.Config(DecoupledPPO)

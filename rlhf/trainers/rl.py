@@ -92,8 +92,8 @@ class RLTrainer:
         dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
         pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
         # rollouts from a group of their own, up to max_staleness policy versions behind the trainer (docs/async.md;
-        # the loss needs the behaviour log-probs: PolicyObjective.decoupled); None: each step generates with the
-        # policy's engine
+        # the loss needs the behaviour log-probs: rollout_correction or PolicyObjective.decoupled); None: each
+        # step generates with the policy's engine
         async_rollout: AsyncRollout | None = None,
         seed: NonNegativeInt = 0,
     ):

@@ -88,13 +88,15 @@ def version_weights(out, tmp_path, version: int, base: str | None = None) -> str
     return export_checkpoint(str(ckpt), str(tmp_path / f"v{version}"))
 
 
-def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp_path, monkeypatch):
+@pytest.mark.parametrize("correction", ["bypass", "decoupled"])
+def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp_path, monkeypatch, correction):
     """The lag is known: step k trains (at version k-1) on batch k, generated with version max(0, k-2). Its
-    rollout log-probs are those of that version's weights, and the decoupled objective weighs each token by
-    pi_{k-1} / pi_{k-2}, dropping tokens above the cap: the logged token means equal what the two versions'
-    weights (from the checkpoints) give."""
+    rollout log-probs are those of that version's weights (read back from the checkpoints), and the loss
+    corrects with them: bypass takes them as the old log-probs (the logged `ppo_kl`, the token mean of
+    log pi_old - log pi_theta, is that of versions k-2 and k-1), the decoupled objective weighs each token by
+    pi_{k-1} / pi_{k-2}, dropping tokens above the cap (the logged token means match)."""
     g = graph(tmp_path / "out", steps=4)
-    common.one_step_off(g)
+    common.one_step_off(g, correction=correction)
     seen = run_capturing(monkeypatch, g)
 
     rows = read_records(tmp_path / "out" / "async" / "run" / "rl")
@@ -103,7 +105,6 @@ def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp
         behaviour = max(0, k - 2)
         assert batch["policy_version"].tolist() == [behaviour] * len(batch)
         assert metrics["async/staleness/mean"] == metrics["async/staleness/max"] == k - 1 - behaviour
-        assert "old_log_probs" not in batch  # one epoch, one mini-batch: the proximal policy is the current one
 
     lags = []
     for k in (1, 2, 3, 4):
@@ -112,9 +113,16 @@ def test_one_step_off_trains_on_the_behaviour_log_probs_of_two_versions_back(tmp
         behaviour_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, max(0, k - 2)), batch)
         proximal_lp = log_probs_under(version_weights(tmp_path / "out", tmp_path, k - 1), batch)
         torch.testing.assert_close(batch["rollout_log_probs"][mask], behaviour_lp[mask], atol=2e-5, rtol=0)
-        ratio = torch.exp(proximal_lp - behaviour_lp)[mask]  # pi_prox / pi_behaviour: known from the two versions
-        assert metrics["actor/behaviour_weight_mean"] == pytest.approx(float(ratio.mean()), abs=1e-4)
-        assert metrics["actor/behaviour_capped_fraction"] == pytest.approx(float((ratio > CAP).float().mean()), abs=1e-6)
+        if correction == "bypass":  # no old-log-prob pass: the old policy is the behaviour policy
+            assert torch.equal(batch["old_log_probs"], batch["rollout_log_probs"])
+            expected = float((behaviour_lp - proximal_lp)[mask].mean())
+            assert metrics["actor/ppo_kl"] == pytest.approx(expected, abs=1e-5)
+        else:  # one epoch, one mini-batch: the proximal policy is the current one, no old-log-prob pass
+            assert "old_log_probs" not in batch
+            ratio = torch.exp(proximal_lp - behaviour_lp)[mask]  # pi_prox / pi_behaviour
+            assert metrics["actor/behaviour_weight_mean"] == pytest.approx(float(ratio.mean()), abs=1e-4)
+            assert metrics["actor/behaviour_capped_fraction"] == pytest.approx(float((ratio > CAP).float().mean()),
+                                                                               abs=1e-6)
         lags.append(float((proximal_lp - behaviour_lp)[mask].abs().mean()))
     assert lags[0] < 1e-5 and lags[1] > 1e-3 and lags[2] > 1e-3  # step 1 is on-policy; later steps really lag
 
@@ -123,7 +131,10 @@ def test_staleness_zero_generates_with_the_trainers_own_weights(tmp_path, monkey
     """max_staleness=0: the rollout group gets every update before it generates again, so its log-probs equal
     the trainer's to float rounding at every step (a missed or wrong weight sync shows as an O(1) gap)."""
     g = graph(tmp_path / "out", steps=3)
-    use_async_rollout(g.stages["rl"], max_staleness=0, weights="fixed_lag", transport="object_store")
+    # decoupled: no old log-probs in the batch, so the gap is measured against the training forward's log-probs
+    # (bypass would set old := rollout log-probs, and the gap would be 0 whatever the weights)
+    use_async_rollout(g.stages["rl"], max_staleness=0, weights="fixed_lag", transport="object_store",
+                      correction="decoupled")
     seen = run_capturing(monkeypatch, g)
     for k, (metrics, batch) in seen.items():
         assert batch["policy_version"].tolist() == [k - 1] * len(batch)
@@ -133,8 +144,8 @@ def test_staleness_zero_generates_with_the_trainers_own_weights(tmp_path, monkey
 def test_async_rollout_without_a_correction_is_a_preflight_error(tmp_path):
     g = graph(tmp_path / "out")
     common.one_step_off(g)
-    g.stages["rl"].policy.worker.objective.decoupled = None
-    with pytest.raises(PreflightError, match="stages.rl.policy.worker.objective.decoupled: async_rollout trains on "
+    g.stages["rl"].rollout_correction = None
+    with pytest.raises(PreflightError, match="stages.rl.rollout_correction: async_rollout trains on "
                                              "samples up to max_staleness versions old"):
         run_experiment(g)
 
@@ -147,8 +158,12 @@ def test_a_correction_already_set_is_kept(tmp_path):
     assert g.stages["rl"].policy.worker.objective.decoupled is None  # one correction, not two
     assert g.stages["rl"].async_rollout.max_staleness == 3
     g = graph(tmp_path / "out")
-    common.one_step_off(g)
+    common.one_step_off(g)  # the default: PPO's ratio against the behaviour policy
+    assert g.stages["rl"].rollout_correction.bypass and g.stages["rl"].policy.worker.objective.decoupled is None
+    g = graph(tmp_path / "out")
+    common.one_step_off(g, correction="decoupled")
     assert fdl.get_callable(g.stages["rl"].policy.worker.objective.decoupled) is DecoupledPPO
+    assert g.stages["rl"].rollout_correction is None
 
 
 @pytest.mark.parametrize("placement, where", [
@@ -187,8 +202,11 @@ RAY_MODES = {
     "one_step_off": (dict(max_staleness=1, weights="fixed_lag"), {}),
     "streaming_drop_object_store": (dict(max_staleness=2, on_stale="drop", transport="object_store"), {}),
     "one_step_off_colocated": (dict(max_staleness=1, weights="fixed_lag", placement="colocated"), {}),
-    "fsdp_2_ranks_staleness_0": (dict(max_staleness=0, weights="fixed_lag", rollout_workers=1), {"fsdp": True}),
-    "staleness_0_object_store": (dict(max_staleness=0, weights="fixed_lag", transport="object_store"), {}),
+    # staleness 0 with the decoupled objective: the engine/trainer gap then measures the synced weights
+    "fsdp_2_ranks_staleness_0": (dict(max_staleness=0, weights="fixed_lag", rollout_workers=1, correction="decoupled"),
+                                 {"fsdp": True}),
+    "staleness_0_object_store": (dict(max_staleness=0, weights="fixed_lag", transport="object_store",
+                                      correction="decoupled"), {}),
 }
 
 
