@@ -348,9 +348,9 @@ class AsyncRollout:
         max_staleness: NonNegativeInt = 1,  # versions a trained sample may lag the trainer (0: no overlap)
         on_stale: OnStale = "wait",  # past the bound: "wait" (never generate too far ahead) or "drop" the batch
         weights: Weights = "newest",  # "newest" published version, or exactly "fixed_lag" = max_staleness behind
-        # weights to the rollout side: torch.distributed "broadcast" or Ray's "object_store"; "auto": broadcast between
-        # processes on their own devices, else the object store (in-process: the snapshot itself; NCCL cannot pair
-        # two ranks on one GPU)
+        # weights to the rollout side: torch.distributed "broadcast" or Ray's "object_store"; "auto": NCCL broadcast
+        # between GPUs of their own, else the object store (on CPUs it was faster: benchmarks/weight_sync.py; in
+        # one process it is the snapshot itself; NCCL cannot pair two ranks on one GPU)
         transport: Transport = "auto",
         max_queued: PositiveInt | None = None,  # batches waiting in the queue at most; None: max_staleness + 1
     ):
@@ -392,8 +392,8 @@ class AsyncRollout:
             where = f"group {name!r} on its own resources: generation overlaps training"
         how = {"broadcast": "torch.distributed broadcast (gloo on CPU, NCCL on GPU)",
                "object_store": "Ray's object store (in-process: handed over)",
-               "auto": "torch.distributed broadcast (gloo on CPU, NCCL on GPU); colocated or in-process: Ray's "
-                       "object store (handed over)"}[arguments["transport"]]
+               "auto": "NCCL broadcast between GPUs of their own, else Ray's object store (in-process: handed "
+                       "over)"}[arguments["transport"]]
         return f"async rollout: {mode}; {where}; weights after each update by {how}"
 
     # -------------------------------------------------------------------- run
@@ -423,7 +423,8 @@ class AsyncRollout:
         time_sliced = getattr(self.rollout.spec, "colocate_with", None) is not None
         self._transport = self.transport
         if self.transport == "auto":
-            self._transport = "object_store" if time_sliced or getattr(self.rollout, "in_process", False) else "broadcast"
+            own_gpus = self.rollout.spec.gpus_per_worker > 0 and not time_sliced
+            self._transport = "broadcast" if own_gpus and not getattr(self.rollout, "in_process", False) else "object_store"
         if self._transport == "broadcast":
             address = policy.serve_weights(self.rollout.world_size)[0]
             self.rollout.connect_weights(address, self.rollout.world_size)

@@ -176,7 +176,7 @@ def test_the_plan_shows_the_mode_and_the_placement(tmp_path, placement, where):
     text = compile_graph(g.stages["rl"]).describe()
     assert "group rollout: 1 x RolloutWorker" in text and "rollout engine HFEngine (float32)" in text
     assert "async rollout: one step off: batch k+1 is generated with the weights of version k-1" in text
-    assert where in text and "torch.distributed broadcast (gloo on CPU, NCCL on GPU)" in text
+    assert where in text and "NCCL broadcast between GPUs of their own, else Ray's object store" in text
     assert ("colocated with policy" in text) == (placement == "colocated")
     g = graph(tmp_path / "out")
     common.streaming(g, max_staleness=4, on_stale="drop", transport="object_store")
@@ -199,12 +199,12 @@ def ray_cluster():
 
 
 RAY_MODES = {
-    "one_step_off": (dict(max_staleness=1, weights="fixed_lag"), {}),
+    "one_step_off_broadcast": (dict(max_staleness=1, weights="fixed_lag", transport="broadcast"), {}),
     "streaming_drop_object_store": (dict(max_staleness=2, on_stale="drop", transport="object_store"), {}),
     "one_step_off_colocated": (dict(max_staleness=1, weights="fixed_lag", placement="colocated"), {}),
     # staleness 0 with the decoupled objective: the engine/trainer gap then measures the synced weights
-    "fsdp_2_ranks_staleness_0": (dict(max_staleness=0, weights="fixed_lag", rollout_workers=1, correction="decoupled"),
-                                 {"fsdp": True}),
+    "fsdp_2_ranks_staleness_0_broadcast": (dict(max_staleness=0, weights="fixed_lag", rollout_workers=1,
+                                                transport="broadcast", correction="decoupled"), {"fsdp": True}),
     "staleness_0_object_store": (dict(max_staleness=0, weights="fixed_lag", transport="object_store",
                                       correction="decoupled"), {}),
 }
