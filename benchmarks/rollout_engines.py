@@ -13,9 +13,10 @@ Response lengths (`--lengths`, both by default):
     forced   min_new_tokens = max_new_tokens: every row decodes the full length
     natural  rows end at their own EOS (temperature 1): the realistic spread the static batch pays for
 
-hf-static and hf draw the same samples from the same seed (rlhf.rollout.decode), so their token
-counts agree and the run checks that their responses are identical; vLLM samples its own. The first
-call of each engine is a short warm-up.
+hf-static and hf draw the same samples from the same seed (rlhf.rollout.decode) when every row
+decodes at once, so their token counts agree and the run checks that their responses are identical
+(with --max-rows-per-call they differ: rows admitted later draw at later steps); vLLM samples its
+own. The first call of each engine is a short warm-up.
 
 SmolLM2 on CPU (from `.venv-vllm`, made by `bash scripts/test_vllm.sh`; the model from
 `rlhf models import smollm2-135m-instruct`):
@@ -60,24 +61,26 @@ def _prompts(tokenizer, count: int):
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)})
 
 
-def _engine(name: str, path: str, device: str, dtype: str, max_model_len: int):
+def _engine(name: str, path: str, device: str, dtype: str, max_model_len: int, max_rows: int | None):
     if name == "vllm":
         from rlhf.rollout.vllm_engine import VLLMEngine
 
         return VLLMEngine(path, dtype=dtype, max_model_len=max_model_len, enable_sleep_mode=False)
     from rlhf.rollout import HFEngine
 
-    return HFEngine(path, dtype=dtype, device=device, continuous_batching=name != "hf-static")
+    return HFEngine(path, dtype=dtype, device=device, continuous_batching=name != "hf-static",
+                    max_rows_per_call=max_rows)
 
 
-def _worker(name: str, path: str, device: str, dtype: str, max_model_len: int, prompts: int, conn) -> None:
+def _worker(name: str, path: str, device: str, dtype: str, max_model_len: int, max_rows: int | None, prompts: int,
+            conn) -> None:
     """One engine in this process: answers ("run", sampling fields, seed) with timing and outputs."""
     import torch
 
     torch.set_num_threads(1)
     from rlhf.rollout import SamplingParams
 
-    engine = _engine(name, path, device, dtype, max_model_len)
+    engine = _engine(name, path, device, dtype, max_model_len, max_rows)
     batch = _prompts(engine.tokenizer, prompts)
     batch = batch.to(device) if name != "vllm" else batch
     conn.send({"loaded_rss_mib": _rss_mib()})
@@ -146,6 +149,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-rows-per-call", type=int, default=None,
+                        help="HFEngine's row cap (hf-static: waves of this many rows; hf: refilled slots)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--hidden-size", type=int, default=64,
                         help="width of the tiny model (no --model): heads of 32, half as many KV heads")
@@ -162,7 +167,7 @@ def main() -> None:
     for name in engines:  # one at a time: loading is the memory peak of the slower machines
         parent, child = context.Pipe()
         process = context.Process(target=_worker, args=(name, path, device, dtype, 512 + args.max_new_tokens,
-                                                        args.prompts, child), daemon=True)
+                                                        args.max_rows_per_call, args.prompts, child), daemon=True)
         process.start()
         workers[name] = (process, parent, parent.recv())
     base = dict(n=args.n, temperature=args.temperature, max_new_tokens=args.max_new_tokens)
@@ -222,7 +227,8 @@ def main() -> None:
         "device": torch.cuda.get_device_name() if device == "cuda" else "cpu (1 thread per engine process)",
         "load_average_1min_end": os.getloadavg()[0],  # other jobs on a shared machine
         "shape": {"prompts": args.prompts, "n": args.n, "max_new_tokens": args.max_new_tokens,
-                  "temperature": args.temperature, "repeats": args.repeats, "model": path, "dtype": dtype},
+                  "temperature": args.temperature, "repeats": args.repeats, "model": path, "dtype": dtype,
+                  "max_rows_per_call": args.max_rows_per_call},
         "lengths": results,
         "memory_mib": peak,  # per engine process: RSS after loading, peak over the timed runs (vllm: weight sync)
     }

@@ -98,3 +98,30 @@ def test_a_scorer_in_a_file_beside_the_data_scores_eval_and_generate(tmp_path, d
     assert "mean score:" in capsys.readouterr().out
     out = [json.loads(line) for line in Path(tmp_path / "g.jsonl").read_text().splitlines()]
     assert len(out) == 4 and all(len(r["scores"]) == 2 for r in out)
+
+
+@pytest.mark.real_model
+def test_rlhf_eval_and_generate_on_smollm2_with_a_scorer_and_limit_finish_quickly(smollm2_path, tmp_path, monkeypatch,
+                                                                                    capsys):
+    """The real model through both commands, with a scorer from a file beside the data and --limit: a few prompts
+    take seconds (each row stops costing when it ends), not the minutes a whole file would."""
+    (tmp_path / "my_rewards.py").write_text(SCORER)
+    monkeypatch.chdir(tmp_path)
+    data = str(write_rows(arithmetic_rows(50, split="test"), tmp_path / "test.jsonl"))
+    start = time.monotonic()
+    assert main(["eval", smollm2_path, "--data", data, "--limit", "4", "--n", "2", "--temperature", "0",
+                 "--max-new-tokens", "96", "--scorer", "my_rewards:last_number", "--local", "--quiet",
+                 "--out", str(tmp_path / "ev")]) == 0
+    report = json.loads((tmp_path / "ev" / "eval_results.json").read_text())
+    rows = [json.loads(line) for line in (tmp_path / "ev" / "generations.jsonl").read_text().splitlines()]
+    assert len(rows) == 4 and report["sources"]["arithmetic"]["prompts"] == 4
+    import my_rewards
+
+    expected = sum(my_rewards.last_number(t, r["reward_model"]["ground_truth"])["score"]
+                   for r in rows for t in r["responses"]) / 8
+    assert report["metrics"]["val-core/arithmetic/reward/mean@2"] == pytest.approx(expected)  # the scorer's
+    assert all(r["responses"][0] == r["responses"][1] for r in rows)  # greedy: both samples the same
+    assert main(["generate", smollm2_path, "--data", data, "--limit", "2", "--out", str(tmp_path / "g.jsonl"),
+                 "--max-new-tokens", "64", "--local", "--quiet"]) == 0
+    assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2
+    assert time.monotonic() - start < 300  # ~40 s on an idle core
