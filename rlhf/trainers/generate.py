@@ -53,8 +53,9 @@ once per call, so calls stay short, and 64 rows keep a CPU's matmuls efficient."
 
 
 def model_signature(model: str | None) -> dict[str, Any] | None:
-    """What identifies a model folder's weights cheaply: its absolute path, and a hash of its config and of
-    each weights file's name, size and last MiB (a retrained folder changes them); a hub id as given."""
+    """What identifies a model folder's weights cheaply: its absolute path, and a hash of its configs (an
+    adapter's too) and of each weights file's name, size and last MiB (a retrained folder changes them); a
+    hub id as given."""
     if model is None:
         return None
     folder = Path(model).expanduser()
@@ -62,8 +63,8 @@ def model_signature(model: str | None) -> dict[str, Any] | None:
         return {"model": model}
     digest = hashlib.sha256()
     for file in sorted(folder.iterdir()):
-        if file.name == "config.json":
-            digest.update(file.read_bytes())
+        if file.name.endswith("config.json"):  # config.json, adapter_config.json
+            digest.update(file.name.encode() + file.read_bytes())
         elif file.suffix in (".safetensors", ".bin", ".pt"):
             size = file.stat().st_size
             digest.update(f"{file.name}:{size}".encode())
