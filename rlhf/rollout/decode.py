@@ -107,6 +107,19 @@ def _any_unfinished(unfinished: torch.Tensor, synced: bool) -> bool:
     return bool(flag)
 
 
+def _check_equal_across_ranks(value: int, what: str, device: torch.device) -> None:
+    """Raise ValueError on every rank unless every rank of the default process group has the same `value`."""
+    extremes = torch.tensor([value, -value], dtype=torch.int64, device=device)  # on the device: NCCL needs it
+    torch.distributed.all_reduce(extremes, op=torch.distributed.ReduceOp.MAX)
+    most, fewest = int(extremes[0]), -int(extremes[1])
+    if most != fewest:
+        raise ValueError(
+            f"sample: the ranks of a sharded model got different numbers of {what} ({fewest} to {most}); each "
+            "prefill is a collective, so they would wait for each other forever. Give every rank as many (the "
+            "worker group pads its shards to equal sizes)."
+        )
+
+
 def _sharded(model: torch.nn.Module) -> bool:
     """True for an FSDP2-sharded module in a process group of more than one rank."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
@@ -220,7 +233,10 @@ def sample(
     step and gathers the weights once per call; prompts are then admitted in waves (each wave's
     prefill is one forward on every rank, and ranks hold equal numbers of prompts), never
     mid-wave. Without the lean step, ranks also agree at each check whether any row of any rank
-    is still decoding (an all-reduce), and a rank keeps one finished row decoding until then.
+    is still decoding (an all-reduce), and a rank keeps finished rows decoding until then (at
+    least one; at least BATCH_INVARIANT_ROWS where it has them). Ranks given different numbers of
+    prompts would run different numbers of prefills: that is refused at once (ValueError on every
+    rank) instead of hanging in a collective.
     """
     device = input_ids.device
     u = input_ids.shape[0]
@@ -229,6 +245,9 @@ def sample(
         raise ValueError(f"sample: check_every must be >= 1 (or None for the device default), got {check_every}")
     if max_rows is not None and max_rows < 1:
         raise ValueError(f"sample: max_rows must be >= 1 (or None: all rows at once), got {max_rows}")
+    sharded = _sharded(model)
+    if sharded:
+        _check_equal_across_ranks(u, "prompts", device)
     if u == 0:
         empty = torch.zeros((0, 0), dtype=torch.long, device=device)
         return empty, empty.float()
@@ -241,7 +260,6 @@ def sample(
     is_eos = None  # (V,) True at the EOS ids, once the vocabulary is known
     prompt_columns = int(attention_mask.any(dim=0).sum())  # the longest prompt, left padding trimmed
     use_lean = lean and supports(model, length=prompt_columns + max_new_tokens)
-    sharded = _sharded(model)
     refill = continuous and use_lean and not sharded  # admit prompts mid-wave: their prefill is no collective then
     synced = sharded and not use_lean  # every decoding step is a collective: ranks agree when to stop
     greedy = temperature == 0

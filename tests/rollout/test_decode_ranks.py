@@ -10,7 +10,8 @@ disagree on the number of sharded forwards. Three paths must complete:
   on every rank;
 - the lean step, which gathers the weights once and runs no collective per step, so each rank drops
   its rows on its own, and gives the unsharded model's tokens;
-- the lean step with a row cap: waves again (a prefill is a collective), never refills mid-wave.
+- the lean step with a row cap: waves again (a prefill is a collective), never refills mid-wave;
+  ranks given different numbers of prompts are refused on every rank instead of hanging.
 """
 
 import datetime
@@ -102,6 +103,10 @@ def run_rank(rank, port, out_dir):
     result["lean"] = sample(lean_model, lean_ids, torch.ones_like(lean_ids), **kwargs)[0]
     result["lean_waves"] = sample(lean_model, lean_ids, torch.ones_like(lean_ids), max_rows=2, **kwargs)[0]
     result["lean_ids"] = lean_ids
+    try:  # rank 1 one prompt short: refused on both ranks, not a hang in the next prefill
+        sample(lean_model, lean_ids[: 6 - rank], torch.ones_like(lean_ids[: 6 - rank]), max_rows=2, **kwargs)
+    except ValueError as err:
+        result["unequal"] = str(err)
     torch.save(result, os.path.join(out_dir, f"rank{rank}.pt"))
     dist.barrier()  # rank 0 hosts the store: it must not leave while the other rank still needs it
     dist.destroy_process_group()
@@ -130,7 +135,8 @@ def test_ranks_finishing_at_different_steps_do_not_deadlock(tmp_path):
         expected = sample(eos_prone(), ids, torch.ones_like(ids), n=1, max_new_tokens=30, eos_token_ids=[EOS],
                           pad_token_id=PAD, temperature=0.0, lean=False, continuous=False)[0]
         assert torch.equal(result["lean"], expected) and torch.equal(result["lean_waves"], expected)
-    assert [r["lean"].shape[1] for r in results] == [4, 19]  # the ranks' lean decoding ended at different steps
+    assert [r["lean"].shape[1] for r in results] == [4, 19]
+    assert all("different numbers of prompts (5 to 6)" in r.get("unequal", "") for r in results)  # the ranks' lean decoding ended at different steps
     every_step = [r["every_step"][1] for r in results]
     # both ranks ran as many forwards (prefill + steps) as the rank that finished last needed: rank 1's last
     # EOS is step 9, so 10 when checking every step; checking every 4 steps, the check at step 12
