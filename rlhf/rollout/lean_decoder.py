@@ -305,8 +305,9 @@ class LeanDecoder:
         for w, keys, values in zip(self.layers, self.keys, self.values):
             qkv = linear(_rms_norm(x, w.norm1, w.eps1), w.w_qkv, w.b_qkv)
             qk = _rotate(qkv[:, : hq + hk].view(b, self.heads + self.kv_heads, self.head_dim), cos, sin)
-            keys[rows, :, column] = qk[:, self.heads :]
-            values[rows, :, column] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim)
+            # (under autocast the matmuls may compute in another dtype than the cache's, as a slice assignment allows)
+            keys[rows, :, column] = qk[:, self.heads :].to(keys.dtype)
+            values[rows, :, column] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim).to(values.dtype)
             q = qk[:, : self.heads].reshape(b, self.kv_heads, group, self.head_dim)
             scores = torch.matmul(q, keys[:b, :, :length].transpose(-1, -2)) * self.scale + bias
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
