@@ -233,3 +233,14 @@ def test_calls_hold_64_responses_per_worker_by_default(data, worker):
     assert calls(8) == [8] * 25 and calls(1)[:3] == [64, 64, 64] and calls(128) == [1] * 200
     assert calls(8, world_size=2) == [16] * 12 + [8]
     assert calls(8, prompts_per_call=50) == [50] * 4
+
+
+def test_bad_numbers_in_a_graph_stop_at_preflight_before_any_model_loads(tmp_path, data):
+    from rlhf.runtime.preflight import PreflightError
+
+    graph = generation_experiment("/nonexistent/model", data, str(tmp_path / "g.jsonl"), batch_size=0, limit=0,
+                                  local=True, progress=False)
+    with pytest.raises(PreflightError) as err:
+        run_experiment(graph)
+    assert "prompts_per_call = 0: GenerationStage.prompts_per_call expects int > 0 | None" in str(err.value)
+    assert "limit = 0: load_rows.limit expects int > 0 | None" in str(err.value)
