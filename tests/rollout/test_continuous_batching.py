@@ -108,16 +108,20 @@ def test_rows_admitted_mid_decoding_get_the_log_probs_of_a_forward_pass(max_rows
 
 
 class Spy:
-    """Records the rows of every lean decoding step and every prefill."""
+    """Records the rows of every lean decoding step and every prefill, and the rows decoding at each admission."""
 
     def __init__(self, monkeypatch):
-        self.steps, self.prefills = [], []
+        self.steps, self.prefills, self.decoding_at_admission = [], [], []
         prefill, spy = decode._prefill, self
 
         class Decoder(LeanDecoder):
             def step(self, token):
                 spy.steps.append(token.shape[0])
                 return super().step(token)
+
+            def add(self, cache, mask, n):
+                spy.decoding_at_admission.append(self.rows)
+                return super().add(cache, mask, n)
 
         def counted_prefill(model, ids, mask):
             spy.prefills.append(ids.shape[0])
@@ -146,13 +150,14 @@ def test_pending_prompts_take_the_slots_of_finished_rows(monkeypatch):
     model = eos_prone()
     spy = Spy(monkeypatch)
     tokens, _ = run(model, max_rows=4)  # 2 prompts (4 rows) at once, 6 prompts
-    assert max(spy.steps) <= 4 and sum(spy.prefills) == 6
-    assert spy.prefills[0] == 2 and len(spy.prefills) > 1
-    admitted_mid_wave = len(spy.prefills) - 1
-    spy.steps.clear(), spy.prefills.clear()
+    assert max(spy.steps) <= 4 and sum(spy.prefills) == 6 and spy.prefills[0] == 2
+    # every later prompt joined rows that were still decoding (the 27-token row of prompt 1 among them)
+    assert spy.decoding_at_admission[0] == 0 and all(rows > 0 for rows in spy.decoding_at_admission[1:])
+    refilled_work = sum(spy.steps)
+    spy.steps.clear(), spy.prefills.clear(), spy.decoding_at_admission.clear()
     run(model, max_rows=4, continuous=False)  # static waves of 2 prompts: each waits for its slowest row
-    assert spy.prefills == [2, 2, 2]
-    assert admitted_mid_wave >= 2
+    assert spy.prefills == [2, 2, 2] and spy.decoding_at_admission == [0, 0, 0]
+    assert refilled_work < 0.6 * sum(spy.steps)  # row-steps: 142 against 268
     assert torch.equal(tokens, run(model, continuous=False)[0])
 
 
