@@ -6,13 +6,15 @@ table, grows the KV cache with `torch.cat` and dispatches attention through SDPA
 kernel is slower than two matmuls at one query token. `LeanDecoder` runs the same layers
 from the model's parameters as they are when the rollout starts (the hybrid engine updates
 them between rollouts, never during one) with what a step needs only:
-- a preallocated KV cache (B, kv_heads, P + max_new_tokens, D) written in place;
+- a preallocated KV cache (rows, kv_heads, P + max_new_tokens, D) written in place, whose rows
+  sequences enter (`add`, with their prefill) and leave (`select`) as decoding goes;
 - the q/k/v projections as one matmul, and the MLP's gate and up projections as one (their
   weights concatenated once per rollout);
-- the rotary table of every future position computed once per rollout;
-- the padding bias computed once; grouped-query attention as two batched matmuls with the
-  query heads grouped per KV head (no `repeat_kv` copy).
-The prompt prefill still runs through the model's own forward (one call per rollout).
+- the rotary table of every position computed once per rollout;
+- the padding bias kept per row, each new column unmasked as it is written;
+- grouped-query attention as two batched matmuls with the query heads grouped per KV head (no
+  `repeat_kv` copy).
+Prompt prefills still run through the model's own forward (one call per group of prompts admitted).
 Tests (tests/rollout/test_lean_decoder.py) check the step logits against the model's forward.
 A model is recognised by its config and module tree (`supports`), not its class name, so a
 module sharded by FSDP2's `fully_shard` (class `FSDPQwen2ForCausalLM`) keeps the lean step:
