@@ -294,8 +294,12 @@ class LeanDecoder:
         b = token.shape[0]
         if b != self.rows:
             raise ValueError(f"LeanDecoder.step: {b} tokens for {self.rows} active rows")
-        rows, column = self.index[:b], self.column[:b]
-        length = max(self._base) + self.steps + 1  # columns any row attends to, its own new one included
+        furthest = max(self._base)
+        length = furthest + self.steps + 1  # columns any row attends to, its own new one included
+        if furthest == min(self._base):  # one column for every row (rows admitted together): plain slices
+            rows, column = slice(0, b), furthest + self.steps
+        else:
+            rows, column = self.index[:b], self.column[:b]
         self.bias[rows, 0, 0, column] = 0.0  # each row's new column becomes visible to that row
         bias = self.bias[:b, ..., :length]
         x = F.embedding(token, self.embed)  # (B, hidden)
