@@ -11,7 +11,7 @@ from rlhf.data.sources import load_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards import RewardManager, scorers_with
 from rlhf.rewards.registry import Scorer
-from rlhf.rollout.choose import engine_class
+from rlhf.rollout.choose import AutoEngine, engine_class
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.rollout.vllm_engine import VLLMEngine
@@ -26,15 +26,16 @@ from rlhf_configs.pieces import policy_group
 
 
 def rollout_engine(name: str, dtype: str, max_model_len: int):
-    """The policy worker's engine slot for `--engine NAME` (auto: vLLM on a GPU where installed). The
+    """The policy worker's engine slot for `--engine NAME`; auto: `AutoEngine`, which picks vLLM on a
+    worker with a GPU and vLLM, else transformers (chosen on the worker, not on this machine). The
     transformers engine decodes at most RESPONSES_PER_CALL rows at once (its KV cache is sized for them;
     a bigger call refills finished rows' slots with its pending prompts)."""
-    factory = engine_class(name)
-    if factory is VLLMEngine:  # vLLM keeps its own copy: in the requested dtype, with a KV cache for these lengths
-        return fdl.Partial(VLLMEngine, dtype=dtype, max_model_len=max_model_len)
-    if factory is HFEngine:
-        return fdl.Partial(HFEngine, max_rows_per_call=RESPONSES_PER_CALL)
-    return factory
+    # vLLM keeps its own copy: in the requested dtype, with a KV cache for these lengths
+    vllm = fdl.Partial(VLLMEngine, dtype=dtype, max_model_len=max_model_len)
+    hf = fdl.Partial(HFEngine, max_rows_per_call=RESPONSES_PER_CALL)
+    if name == "auto":
+        return fdl.Config(AutoEngine, vllm=vllm, hf=hf)
+    return vllm if engine_class(name) is VLLMEngine else hf
 
 
 def reward_manager(scorer: Scorer | None = None, scorers: dict[str, Scorer] | None = None) -> fdl.Config:
