@@ -46,6 +46,8 @@ from rlhf_configs.pieces import policy_group
 NAME = "smollm2_arithmetic"
 INSTRUCTION = "Answer with only the number."
 """Appended to every question; the base model's accuracy is measured with it too."""
+MAX_PROMPT_LENGTH = 64
+"""The prompts are 47 tokens with SmolLM2's default system prompt; the memory check sizes the update by this."""
 
 _BARE_NUMBER = re.compile(r"\s*(-?\d+)\s*")
 _NUMBERS = re.compile(r"-?\d+")
@@ -80,15 +82,18 @@ def heldout_evaluator(tokenizer: fdl.Config, n: int = 200) -> fdl.Config[Evaluat
     rows = fdl.Config(ask_for_the_number, fdl.Config(arithmetic_rows, n=n, seed=0, split="test"))
     return fdl.Config(
         Evaluator,
-        dataset=fdl.Config(PromptDataset, rows=rows, tokenizer=tokenizer, name="heldout"),
+        dataset=fdl.Config(PromptDataset, rows=rows, tokenizer=tokenizer, max_prompt_length=MAX_PROMPT_LENGTH,
+                           name="heldout"),
         reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
         aux_rewards={"last_number": fdl.Config(RewardManager, scorers={"arithmetic": gsm8k_flexible})},
         sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=16),
     )
 
 
-def base(model: str = "smollm2-135m-instruct", lr: float = 2e-5, steps: int = 24) -> fdl.Config[Experiment]:
-    """GRPO from the instruct model: 16 prompts x 8 samples, short answers, no KL, fp32 on CPU."""
+def base(model: str = "smollm2-135m-instruct", lr: float = 2e-5, steps: int = 24,
+         mini_batches: int = 1) -> fdl.Config[Experiment]:
+    """GRPO from the instruct model: 16 prompts x 8 samples, short answers, no KL, fp32 on CPU.
+    `mini_batches`: optimizer steps per GRPO step (more than 1 adds a pass for the old log-probs)."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
     train_rows = fdl.Config(ask_for_the_number, fdl.Config(arithmetic_rows, n=4096, seed=0, split="train"))
@@ -99,11 +104,13 @@ def base(model: str = "smollm2-135m-instruct", lr: float = 2e-5, steps: int = 24
             objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28)),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.0),
             # down to 0 at the last step: the policy settles instead of jumping between answers
-            lr_scheduler=fdl.Partial(get_linear_schedule_with_warmup, num_warmup_steps=0, num_training_steps=steps),
-            training=fdl.Config(TrainingSetup, micro_batch_size=128),
+            lr_scheduler=fdl.Partial(get_linear_schedule_with_warmup, num_warmup_steps=0,
+                                     num_training_steps=steps * mini_batches),  # stepped per optimizer step
+            training=fdl.Config(TrainingSetup, micro_batch_size=128, mini_batches=mini_batches),
         ),
         tokenizer=tokenizer,
-        train_data=fdl.Config(PromptDataset, rows=train_rows, tokenizer=tokenizer, name="train"),
+        train_data=fdl.Config(PromptDataset, rows=train_rows, tokenizer=tokenizer, max_prompt_length=MAX_PROMPT_LENGTH,
+                              name="train"),
         reward=fdl.Config(RewardManager, scorers={"arithmetic": number_reward}),
         advantage=fdl.Config(GRPO, norm_by_std=True),
         sampling=fdl.Config(SamplingParams, n=8, temperature=1.0, max_new_tokens=8),
