@@ -40,3 +40,22 @@ def test_the_instruction_follows_each_question():
     assert row["prompt"] == [{"role": "system", "content": "Be brief."},
                              {"role": "user", "content": "What is 18+93? Answer with only the number."}]
     assert rows[0]["prompt"][1]["content"] == "What is 18+93?"  # the input rows are left as they were
+
+
+@pytest.mark.parametrize("mini_batches", [1, 2])
+def test_the_lr_schedule_reaches_zero_at_the_last_optimizer_step(mini_batches):
+    policy = recipe.base(steps=10, mini_batches=mini_batches).stages["grpo"].policy.worker
+    assert policy.training.mini_batches == mini_batches
+    assert policy.lr_scheduler.num_training_steps == 10 * mini_batches  # the scheduler steps per optimizer step
+
+
+@pytest.mark.real_model
+def test_prompts_fit_the_prompt_length_the_memory_check_assumes(smollm2_path):
+    """The longest question with the instruction and SmolLM2's default system prompt fits MAX_PROMPT_LENGTH
+    (a longer prompt would be dropped from the data). Loads the tokenizer only."""
+    from rlhf.models.loading import load_tokenizer
+
+    tokenizer = load_tokenizer(smollm2_path)
+    (row,) = recipe.ask_for_the_number([{"prompt": [{"role": "user", "content": "What is 100+100?"}]}])
+    text = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True, tokenize=False)
+    assert len(tokenizer(text)["input_ids"]) <= recipe.MAX_PROMPT_LENGTH - 20
