@@ -4,6 +4,9 @@ The base model never answers with the bare number (held-out exact match 0%): it 
 "18 + 93 = 111" and often goes on chatting, and gets the sum right only about one time in five.
 GRPO with a reward written in this file (`number_reward`: full credit for the bare right number,
 partial credit when only the last number is right) teaches both the format and the sums. No SFT.
+Measured on 2 shared CPU cores: held-out exact match from 0% to 37.5% after 30 steps in 18 minutes
+(48% at step 24, 14.5 minutes in, not held; 35% after a 24-step run). The answers are bare numbers
+within ~10 steps; what stays wrong is mostly the tens digit (docs/bring_your_own_model.md has the runs).
 
     python experiments/smollm2_arithmetic.py                       # Ray, Aim, progress bars (CPU, fp32)
     python experiments/smollm2_arithmetic.py --config fiddler:local  # in-process
