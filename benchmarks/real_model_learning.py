@@ -107,7 +107,7 @@ def main() -> int:
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}, 1 thread",
-        "command": " ".join([sys.executable.rsplit("/", 2)[-2] + "/python", *sys.argv]),
+        "command": " ".join([f"{Path(sys.executable).parents[1].name}/bin/python", *sys.argv]),  # .venv or .venv-vllm
         "overrides": commands,
         "settings": flatten(stage),  # the whole stage graph, every default included
         "curve": CurveTracker.curve,
