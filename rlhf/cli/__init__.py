@@ -32,6 +32,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
   rlhf export CKPT OUT                            a training checkpoint -> Hugging Face model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
+  rlhf models check-template MODEL                is the chat template append-only for multi-turn tool rollouts?
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
   rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source

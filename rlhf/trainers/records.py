@@ -1,7 +1,10 @@
 """Rollout records: each step's prompts, responses, rewards and advantages as JSON Lines.
 
 `rlhf rollouts show RUN --step N` reads them back (best and worst response per group), so a
-user can see what the policy actually generated at any step of a run.
+user can see what the policy actually generated at any step of a run. A multi-turn response
+(rlhf.agents) is also recorded as `spans`: its runs of tokens the policy sampled and was trained on
+("trained") and of tokens it was only shown (tool results, template tokens: "context"), decoded with
+the special tokens, which `show` prints one per line.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhf.agents.batch import response_spans
 from rlhf.batch import Batch
 
 RECORDS_FILE = "rollouts.jsonl"
@@ -26,8 +30,9 @@ class RolloutRecorder:
         self.sample_rate = sample_rate
         self.seed = seed
 
-    def write(self, folder: Path, step: int, batch: Batch, texts: list[str], prompts: list[str]) -> int:
-        """Record the groups selected for `step`; returns the number of rows written."""
+    def write(self, folder: Path, step: int, batch: Batch, texts: list[str], prompts: list[str], tokenizer=None) -> int:
+        """Record the groups selected for `step`; returns the number of rows written. With `tokenizer`,
+        rows whose response holds tokens outside the loss mask (multi-turn) get their `spans`."""
         uids = [str(u) for u in batch["uid"]]
         groups = sorted(set(uids))
         rng = np.random.default_rng([self.seed, step])
@@ -52,6 +57,14 @@ class RolloutRecorder:
                     "ground_truth": str(batch["ground_truth"][i]),
                     "data_source": str(batch["data_source"][i]),
                 }
+                agent = (batch["extra_info"][i] or {}).get("agent") if "extra_info" in batch else None
+                if agent is not None:
+                    row["agent"] = agent
+                if tokenizer is not None and "attention_mask" in batch:
+                    real = batch["attention_mask"][i, -mask.shape[1]:].bool()
+                    if bool((real & ~mask[i]).any()):
+                        row["spans"] = response_spans(tokenizer, batch["responses"][i][real].tolist(),
+                                                      mask[i][real].int().tolist())
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
                 rows += 1
         return rows
@@ -87,5 +100,13 @@ def format_records(rows: list[dict], max_chars: int = 200) -> str:
         lines.append(f"step {step}  {uid}  ({len(group)} samples, truth {group[0]['ground_truth']!r})")
         lines.append(f"  prompt: {group[0]['prompt'][:max_chars]!r}")
         for label, r in (("best", group[0]), ("worst", group[-1])):
-            lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}: {r['response'][:max_chars]!r}")
+            if "spans" not in r:
+                lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}: "
+                             f"{r['response'][:max_chars]!r}")
+                continue
+            agent = r.get("agent") or {}
+            lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}, "
+                         f"{agent.get('num_turns', '?')} turns, {agent.get('finish_reason', '?')}:")
+            for text, trained in r["spans"]:
+                lines.append(f"      {'trained' if trained else 'context':7} | {text[:max_chars]!r}")
     return "\n".join(lines)

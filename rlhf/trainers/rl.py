@@ -47,6 +47,7 @@ from rlhf.trainers.dynamic_sampling import collect_groups_with_variance, concat_
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
 from rlhf.trainers.records import RolloutRecorder, truncate_records
+from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
 from rlhf.trainers.scoring import score_rollout
 from rlhf.trainers.timing import timed
 
@@ -86,6 +87,7 @@ class RLTrainer:
         # target_num_groups=prompts_per_step); None: off
         dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
         pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
+        rollout: RolloutProducer = SingleTurn(),  # makes each batch: one generate, or rlhf.agents.AgentRollout (multi-turn)
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
@@ -123,6 +125,7 @@ class RLTrainer:
         self.rollout_correction = rollout_correction
         self.dynamic_sampling = dynamic_sampling
         self.pf_ppo = pf_ppo
+        self.rollout = rollout
         self.needs = estimator_needs(advantage)
         self.seed = seed
         self._prompts = None  # the batch iterator of the current run
@@ -161,7 +164,8 @@ class RLTrainer:
                 metrics.update(self.evaluator(self.policy))
             ctx.log(metrics, step)
             if self.records is not None:
-                self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch))
+                self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch),
+                                   self.tokenizer)
             if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
                 self.save(checkpoints, step, ctx)
             bar.set_postfix(
@@ -211,7 +215,7 @@ class RLTrainer:
         timing["timing_s/step"] = time.perf_counter() - start
         tokens = float(batch["attention_mask"].sum())
         metrics = {
-            **rollout_metrics(batch, self.sampling.max_new_tokens),
+            **rollout_metrics(batch, batch.require_meta("max_new_tokens", "RLTrainer")),
             **reward_metrics,
             **correction_metrics,
             **kl_metrics,
@@ -244,14 +248,15 @@ class RLTrainer:
 
     def _generate_and_score(self, prompts: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
         with timed(timing, "gen"):
-            batch = self.policy.generate(prompts, self.sampling)
+            batch, produced = self.rollout(self.policy, prompts, self.sampling)
         with timed(timing, "reward"):
             scores, metrics = score_rollout(batch, self.tokenizer, self.reward, self.reward_model,
                                             self.reward_model_weight)
             batch = batch.union(scores)
+        metrics.update(produced)
         if self.needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
             with timed(timing, "gen_max"):
-                greedy = self.policy.generate(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0))
+                greedy = self.rollout(self.policy, prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0))[0]
                 baseline = score_rollout(greedy, self.tokenizer, self.reward, self.reward_model,
                                          self.reward_model_weight)[0]["scores"]
             batch["baseline_rewards"] = baseline.repeat_interleave(self.sampling.n)

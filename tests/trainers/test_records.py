@@ -37,3 +37,39 @@ def test_sample_rate_records_whole_groups():
         rows = read_records(Path(d))
     assert 0 < written < 80 and written % 2 == 0  # groups of 2 are kept or dropped together
     assert all(sum(1 for r in rows if (r["step"], r["uid"]) == (s, u)) == 2 for s, u in {(r["step"], r["uid"]) for r in rows})
+
+
+def test_multi_turn_rows_are_shown_as_trained_and_context_spans(tmp_path):
+    """A multi-turn response is recorded as runs of sampled (trained) and shown (context) tokens."""
+    from helpers import tiny_model_path
+    from rlhf.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_path())
+    sampled = tok("add(1, 2)<|im_end|>")["input_ids"]
+    shown = tok("\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    answer = tok("3<|im_end|>")["input_ids"]
+    response = sampled + shown + answer
+    mask = [1] * len(sampled) + [0] * len(shown) + [1] * len(answer)
+    width = len(response) + 2
+    responses = torch.full((2, width), tok.pad_token_id)
+    responses[0, : len(response)] = torch.tensor(response)
+    responses[1, :2] = torch.tensor(answer)
+    response_mask = torch.zeros(2, width, dtype=torch.long)
+    response_mask[0, : len(mask)] = torch.tensor(mask)
+    response_mask[1, :2] = 1
+    attention = torch.cat([torch.ones(2, 3, dtype=torch.long), (responses != tok.pad_token_id).long()], dim=1)
+    batch = Batch(
+        {"responses": responses, "response_mask": response_mask, "attention_mask": attention,
+         "token_level_scores": torch.zeros(2, width), "advantages": torch.zeros(2, width)},
+        {"uid": ["a", "a"], "ground_truth": ["3", "3"], "data_source": ["calc"] * 2,
+         "extra_info": [{"agent": {"num_turns": 2, "finish_reason": "done"}}, {}]},
+    )
+    RolloutRecorder().write(tmp_path, 1, batch, ["3", "3"], ["p", "p"], tok)
+    rows = read_records(tmp_path)
+    assert rows[0]["spans"] == [["add(1, 2)<|im_end|>", 1], ["\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n", 0],
+                                ["3<|im_end|>", 1]]
+    assert "spans" not in rows[1]  # a single-turn response has nothing to tell apart
+    text = format_records(rows)
+    assert "2 turns, done:" in text
+    assert "      trained | 'add(1, 2)<|im_end|>'" in text
+    assert "      context | '\\n<|im_start|>tool\\n3<|im_end|>\\n<|im_start|>assistant\\n'" in text
