@@ -156,6 +156,8 @@ class AgentRollout:
         for row, (t, renderer) in enumerate(zip(live, renderers)):
             n = int(lengths[row])
             t.add_sampled(renderer, out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist())
+            if not t.turn_stopped:  # cut by max_new_tokens before its end-of-turn token: nothing can follow
+                t.finish("length")
 
     def _action(self, t: Trajectory, turn: int) -> Action:
         text = t.messages[-1]["content"]

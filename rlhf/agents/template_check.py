@@ -112,7 +112,7 @@ def check_template(
         report.notes.append(f"{trajectory.template_fallbacks} observation(s) were rendered after a fixed history "
                             "(the template is not prefix-preserving there)")
     full = renderer.text(messages, generation_prompt=False)
-    separator = renderer.separator_after(messages) if messages[-1]["role"] == "assistant" else ""
+    separator = renderer.turn_end(messages) if messages[-1]["role"] == "assistant" else ""
     report.notes.append(f"after an assistant's end-of-turn token the template writes {separator!r}; the engine "
                         "stops before it, and the builder adds it in front of the next observation")
     if separator and full.endswith(separator):

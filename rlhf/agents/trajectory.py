@@ -69,15 +69,20 @@ class ChatRenderer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.tokenizer.decode(list(ids), skip_special_tokens=False)
 
-    def separator_after(self, history: Sequence[Mapping]) -> str:
-        """What the template writes after the last (assistant) message's end-of-turn token: "\\n" for ChatML.
+    def turn_end(self, history: Sequence[Mapping], stopped: bool = True) -> str:
+        """What the template writes after the last (assistant) message that the engine did not sample.
 
-        Found in render(history) after render(history[:-1], generation prompt); "" where the
-        template writes no end-of-turn token the engine stops at.
+        `stopped`: the turn ended on an end-of-turn token, and this is the text after it ("\n" for
+        ChatML). Otherwise (cut by a stop string or max_tokens: the gateway continues such turns) it is
+        everything the template writes after the message's content ("<|im_end|>\n"). Found in
+        render(history) after render(history[:-1], generation prompt); "" where it cannot be told.
         """
         head = self.text(history[:-1], generation_prompt=True)
         full = self.text(history, generation_prompt=False)
         turn = full[len(head):] if full.startswith(head) else full
+        if not stopped:
+            content = history[-1].get("content") or ""
+            return turn[len(content):] if turn.startswith(content) else ""
         ends = [turn.rfind(t) + len(t) for t in self.eos_texts if t and t in turn]
         return turn[max(ends):] if ends else ""
 
@@ -116,6 +121,7 @@ class Trajectory:
     finish_reason: str | None = None  # None while it runs; then done / max_turns / max_tokens / length / error
     rewards: list[float] = dataclasses.field(default_factory=list)  # what the environment gave, step by step
     template_fallbacks: int = 0
+    turn_stopped: bool = True  # the last assistant turn ended on an end-of-turn token
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # counters (tool calls, errors by kind)
 
     @classmethod
@@ -154,24 +160,23 @@ class Trajectory:
     def add_sampled(self, renderer: ChatRenderer, ids: Sequence[int], log_probs: Sequence[float]) -> str:
         """Append one assistant turn's engine tokens verbatim (cut to the budget); returns its text.
 
-        The turn's message in the history is its decoded text without the end-of-turn token.
-        A turn that did not end on an end-of-turn token (cut by max_new_tokens) ends the
-        trajectory ("length"), as does the token budget ("max_tokens").
+        The turn's message in the history is its decoded text without the end-of-turn token. A
+        turn cut by the token budget ends the trajectory ("max_tokens"); whether a turn that did not
+        end on an end-of-turn token ends it is the caller's choice (the agent loop: "length").
         """
         if len(ids) != len(log_probs):
             raise ValueError(f"add_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
         ids, log_probs = list(ids), [float(x) for x in log_probs]
-        stopped = bool(ids) and ids[-1] in renderer.eos_token_ids
         if len(ids) > self.room:
-            ids, log_probs, stopped = ids[: self.room], log_probs[: self.room], False
+            ids, log_probs = ids[: self.room], log_probs[: self.room]
             self.finish("max_tokens")
-        elif not stopped:
-            self.finish("length")
+        stopped = bool(ids) and ids[-1] in renderer.eos_token_ids
         start = len(self.response_ids)
         self.response_ids += ids
         self.loss_mask += [1] * len(ids)
-        self.log_probs += log_probs[1:] + [0.0]
+        self.log_probs += log_probs
         self.turns.append((start, len(self.response_ids)))
+        self.turn_stopped = stopped
         text = renderer.decode(ids[:-1] if stopped else ids)
         self.messages.append({"role": "assistant", "content": text})
         return text
@@ -180,8 +185,8 @@ class Trajectory:
         """Append observation messages: the template's separator after the last turn and their render (mask 0)."""
         new = [dict(m) for m in new]
         separator = ""
-        if self.response_ids and self.response_ids[-1] in renderer.eos_token_ids:
-            separator = renderer.separator_after(self.messages)
+        if self.messages and self.messages[-1].get("role") == "assistant" and self.turns:
+            separator = renderer.turn_end(self.messages, stopped=self.turn_stopped)
         delta, fell_back = renderer.observation_text(self.messages, new)
         self.template_fallbacks += fell_back
         ids = renderer.encode(separator + delta)
@@ -195,3 +200,29 @@ class Trajectory:
 
     def count(self, key: str, by: int = 1) -> None:
         self.info[key] = self.info.get(key, 0) + by
+
+    # ------------------------------------------------------------- as data
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the gateway's session records): ids, mask, log-probs, messages, turns, how it ended."""
+        return {
+            "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "loss_mask": self.loss_mask,
+            "log_probs": self.log_probs, "messages": self.messages, "turns": [list(t) for t in self.turns],
+            "finish_reason": self.finish_reason, "rewards": self.rewards, "info": self.info,
+            "max_response_tokens": self.max_response_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trajectory:
+        """The inverse of `to_dict`; lengths are checked (a record whose mask or log-probs do not line up
+        with its ids would train the wrong tokens)."""
+        n = len(data["response_ids"])
+        if len(data["loss_mask"]) != n or len(data["log_probs"]) != n:
+            raise ValueError(f"trajectory record: {n} response ids but {len(data['loss_mask'])} mask values and "
+                             f"{len(data['log_probs'])} log-probs")
+        return cls(
+            prompt_ids=list(data["prompt_ids"]), messages=[dict(m) for m in data["messages"]],
+            max_response_tokens=int(data.get("max_response_tokens", n)), response_ids=list(data["response_ids"]),
+            loss_mask=[int(m) for m in data["loss_mask"]], log_probs=[float(x) for x in data["log_probs"]],
+            turns=[tuple(t) for t in data.get("turns", [])], finish_reason=data.get("finish_reason"),
+            rewards=[float(r) for r in data.get("rewards", [])], info=dict(data.get("info", {})),
+        )
