@@ -95,7 +95,7 @@ def sft_stage(model, tokenizer, reward, rows, with_tool: bool) -> fdl.Config:
         data=fdl.Config(SFTDataset, rows=data, tokenizer=tokenizer),
         batch_size=64,
         bucketed=False,
-        total_steps=300,
+        total_steps=400,  # copying the tool's result is learnt suddenly around here: RL takes it from there
         evaluator=heldout(tokenizer, reward, with_tool),
     )
 

