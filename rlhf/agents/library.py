@@ -41,8 +41,8 @@ def python(code: str) -> str:
     result = run_program({"main.py": code}, "", PYTHON_LIMITS, isolated=isolation_available())
     if result.timed_out:
         return f"error: the program ran longer than {PYTHON_LIMITS.timeout_s:g} s and was stopped"
-    out = result.stdout
+    out = result.stdout.strip()
     if result.exit_code:
         tail = result.stderr.strip().splitlines()[-1:] or [f"exit code {result.exit_code}"]
         out = (out + "\n" if out else "") + f"error: {tail[0]}"
-    return out.strip() or "(the program printed nothing)"
+    return out or "(the program printed nothing)"

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import json
 import re
 from collections.abc import Sequence
@@ -44,6 +45,7 @@ class ToolCallParser(Protocol):
     def format(self, calls: Sequence[ToolCall], content: str = "") -> str: ...
 
 
+@dataclasses.dataclass(frozen=True)
 class HermesParser:
     """`<tool_call>{"name": ..., "arguments": {...}}</tool_call>` blocks (Qwen2.5, Hermes)."""
 
@@ -96,6 +98,7 @@ class HermesParser:
         return "\n".join(([content] if content else []) + blocks)
 
 
+@dataclasses.dataclass(frozen=True)
 class PythonCallParser:
     """Lines written as Python calls with literal arguments, `add(4821, 7390)` or `add(a=1, b=2)`.
 
@@ -104,9 +107,11 @@ class PythonCallParser:
     literals is malformed.
     """
 
-    def __init__(self, marker: str = ""):  # a prefix every call line must start with ("" : none)
-        self.marker = marker
-        self._looks_like_call = re.compile(re.escape(marker) + r"\s*[A-Za-z_]\w*\(")
+    marker: str = ""  # a prefix every call line must start with ("": none)
+
+    @functools.cached_property
+    def _looks_like_call(self) -> re.Pattern:
+        return re.compile(re.escape(self.marker) + r"\s*[A-Za-z_]\w*\(")
 
     def parse(self, text: str) -> ParsedTurn:
         calls, errors, content = [], [], []
@@ -147,12 +152,17 @@ class PythonCallParser:
         return "\n".join(lines)
 
 
+@dataclasses.dataclass(frozen=True)
 class CodeBlockParser:
     """Each fenced code block (```python ... ```) is a call of `tool` with the block's code as `argument`."""
 
-    def __init__(self, tool: str = "python", argument: str = "code", language: str = "python"):
-        self.tool, self.argument, self.language = tool, argument, language
-        self._block = re.compile(r"```" + re.escape(language) + r"[ \t]*\n(.*?)```", re.DOTALL)
+    tool: str = "python"  # the tool a block calls
+    argument: str = "code"  # the parameter the block's code goes to
+    language: str = "python"  # the fence's language tag
+
+    @functools.cached_property
+    def _block(self) -> re.Pattern:
+        return re.compile(r"```" + re.escape(self.language) + r"[ \t]*\n(.*?)```", re.DOTALL)
 
     def parse(self, text: str) -> ParsedTurn:
         calls, outside, at = [], [], 0

@@ -16,7 +16,9 @@ calls and the ranks agree when each conversation ends (no rank waits in a collec
 A conversation ends when its environment says so, at `max_turns`, at the token budget
 `max_response_tokens`, when a turn is cut by `sampling.max_new_tokens` before its end-of-turn
 token, or when its environment raises or times out (that rollout's loss mask is zeroed and
-`agent/env_errors` counts it; the other rollouts go on).
+`agent/env_errors` counts it; the other rollouts go on). Tokens past a limit are never appended;
+with `mask_truncated` a conversation a limit cut off is kept out of the loss altogether (its mask
+zeroed, as DAPO's overlong filtering does for single responses).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class AgentRollout:
         step_timeout_s: float | None = 60.0,  # limit of one reset / step / close of an environment
         max_concurrent_steps: PositiveInt = 64,  # environment calls running at once
         eos_token_ids: Sequence[int] | None = None,  # where the engine stops a turn; None: the tokenizer's EOS
+        mask_truncated: bool = False,  # zero the loss mask of conversations a limit cut off (overlong filtering)
     ):
         self.environment = environment
         self.tokenizer = tokenizer
@@ -74,6 +77,7 @@ class AgentRollout:
         self.step_timeout_s = step_timeout_s
         self.max_concurrent_steps = max_concurrent_steps
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
+        self.mask_truncated = mask_truncated
 
     # ------------------------------------------------------------ producer
     def __call__(self, policy, prompts: Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
@@ -139,9 +143,10 @@ class AgentRollout:
                     self._apply(trajectories[i], renderers[i], result, error, last_turn=turn == self.max_turns)
         finally:
             await asyncio.gather(*(self._close(env, limit) for env in envs))
+        truncated = ("max_turns", "max_tokens", "length") if self.mask_truncated else ()
         for t in trajectories:
             t.finish("max_turns")
-            if t.finish_reason == "error":
+            if t.finish_reason == "error" or t.finish_reason in truncated:
                 t.loss_mask = [0] * len(t.loss_mask)
         return trajectories, clock.seconds
 

@@ -50,7 +50,7 @@ async def lookup(key: str, default: str = "none") -> dict:
 
 
 def call(tool, *positional, **arguments):
-    return asyncio.run(Tool(tool, timeout_s=0.3).call(ToolCall(tool.__name__, arguments, positional)))
+    return asyncio.run(Tool(tool, timeout_s=0.3 if tool is hang else 10).call(ToolCall(tool.__name__, arguments, positional)))
 
 
 def test_schema_comes_from_the_signature_and_docstring():
@@ -109,3 +109,12 @@ def test_per_row_tool_subset():
         select_tools(tools, ["sub"], where="row 7")
     with pytest.raises(ValueError, match="two tools are named 'add'"):
         as_tools([add, add])
+
+
+def test_the_python_tool_runs_in_the_code_sandbox():
+    from rlhf.agents.library import python
+
+    assert call(python, code="print(sum(range(5)))").content == "10"
+    assert call(python, code="import sys\nprint('partial')\nsys.exit(3)").content == "partial\nerror: exit code 3"
+    assert call(python, code="1/0").content == "error: ZeroDivisionError: division by zero"
+    assert call(python, code="x = 1").content == "(the program printed nothing)"

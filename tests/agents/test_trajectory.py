@@ -233,3 +233,15 @@ def test_golden_trajectories_for_a_two_sample_group_share_the_prompt_and_uid():
     assert list(batch["uid"]) == ["prompts-0", "prompts-0", "prompts-1", "prompts-1"]
     assert list(batch["response_text"]) == [r["reward_model"]["ground_truth"] for r in rows for _ in range(2)]
     assert metrics["num_turns/mean"] == 2 and metrics["agent/finish/done"] == 1
+
+
+def test_mask_truncated_keeps_cut_conversations_out_of_the_loss():
+    tok = tokenizer()
+    question = "What is 4821+7390?"
+    for mask_truncated, trained in ((False, True), (True, False)):
+        agent = AgentRollout(environment=functools.partial(ToolEnvironment, tools=[add]), tokenizer=tok,
+                             parser=PythonCallParser(), max_turns=1, mask_truncated=mask_truncated)
+        batch, metrics = agent.rollout(ScriptedPolicy(tok, {question: ["add(1, 2)", "3"]}).generate,
+                                       prompts_for(question, tok), SamplingParams(max_new_tokens=32))
+        assert metrics["agent/finish/max_turns"] == 1
+        assert bool(batch["response_mask"].any()) is trained
