@@ -41,20 +41,29 @@ def test_greedy_conversations_on_vllm_equal_the_transformers_engine(vllm_eos_mod
 def test_policy_worker_on_vllm_keeps_the_engine_awake_between_turns_and_syncs_after_updates(vllm_eos_model):
     tok = load_tokenizer(vllm_eos_model)
     worker = PolicyWorker(vllm_eos_model, objective=PolicyObjective(policy_loss=PPOClipLoss()),
-                          optimizer=functools.partial(torch.optim.SGD, lr=2.0), engine=ENGINE,
+                          optimizer=functools.partial(torch.optim.SGD, lr=0.05), engine=ENGINE,
                           training=TrainingSetup(micro_batch_size=16, grad_clip=None))
     syncs = []
     update_weights = worker.engine.update_weights
     worker.engine.update_weights = lambda weights: (syncs.append(1), update_weights(weights))
     actor = HFEngine.sharing(worker.trainer.unwrapped(), worker.tokenizer)  # what the actor itself would say
-    for step in range(2):
+
+    def rollout(sampling):
         before = len(syncs)
-        batch, metrics = agent(tok)(worker, prompts(tok, QUESTIONS), SamplingParams(n=2, max_new_tokens=10))
-        assert metrics["num_turns/max"] > 1
-        assert len(syncs) - before == (1 if step else 0)  # once per rollout (after an update), not once per turn
-        expected, _ = agent(tok).rollout(actor.generate, prompts(tok, QUESTIONS), GREEDY)
-        greedy, _ = agent(tok)(worker, prompts(tok, QUESTIONS), GREEDY)  # synced again: the last rollout slept
-        assert torch.equal(greedy["input_ids"], expected["input_ids"])  # vLLM follows the updated actor
-        batch["advantages"] = torch.linspace(-1, 1, len(batch))[:, None] * batch["response_mask"]
-        out = worker.update(batch)
-        assert out["rollout_corr/log_prob_abs_diff_max"] < 1e-4
+        out = agent(tok)(worker, prompts(tok, QUESTIONS), sampling)
+        return out, len(syncs) - before
+
+    (first, metrics), synced = rollout(GREEDY)
+    assert metrics["num_turns/max"] > 1 and synced == 0  # a fresh engine holds the actor's weights
+    (batch, _), synced = rollout(SamplingParams(n=2, max_new_tokens=10))
+    assert synced == 1  # the engine slept after the last rollout: its weights come back once, for all turns
+    batch["advantages"] = torch.linspace(-1, 1, len(batch))[:, None] * batch["response_mask"]
+    assert worker.update(batch)["rollout_corr/log_prob_abs_diff_max"] < 1e-4
+    (after, metrics), synced = rollout(GREEDY)
+    assert metrics["num_turns/max"] > 1 and synced == 1  # once per rollout, not once per turn
+    expected, _ = agent(tok).rollout(actor.generate, prompts(tok, QUESTIONS), GREEDY)
+    assert torch.equal(after["input_ids"], expected["input_ids"])  # vLLM follows the updated actor
+    assert torch.allclose(after["rollout_log_probs"], expected["rollout_log_probs"], atol=1e-4)
+    moved = after["rollout_log_probs"].shape != first["rollout_log_probs"].shape or not torch.allclose(
+        after["rollout_log_probs"], first["rollout_log_probs"], atol=1e-3)
+    assert moved  # the update changed what the engine samples
