@@ -293,7 +293,7 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     rl.train_data.rows.n = 256
     rl.total_steps = 2
     rl.prompts_per_step = 4
-    rl.records = fdl.Config(RolloutRecorder)
+    rl.records = fdl.Partial(RolloutRecorder, max_groups_per_step=None)
     for stage in cfg.stages.values():
         stage.evaluator.dataset.rows.n = 32
     rl.reward.scorers = {"arithmetic": digit_match_score}  # a fiddler may have given the RL stage its own reward

@@ -93,7 +93,7 @@ def base() -> fdl.Config[Experiment]:
         total_steps=30,
         test_freq=10,
         val_before_train=True,
-        records=fdl.Config(RolloutRecorder, sample_rate=0.5),
+        records=fdl.Partial(RolloutRecorder, sample_rate=0.5),
         evaluator=heldout,
     )
     return fdl.Config(

@@ -126,7 +126,7 @@ def base() -> fdl.Config[Experiment]:
         rollout=agent(rl_tokenizer),
         prompts_per_step=32,
         total_steps=40,
-        records=fdl.Config(RolloutRecorder, sample_rate=0.25),
+        records=fdl.Partial(RolloutRecorder, sample_rate=0.25),
         evaluator=heldout(rl_tokenizer, reward, with_tool=True),
     )
     grpo_checkpoint = fdl.Config(StageOutput, stage="grpo")

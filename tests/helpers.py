@@ -1,5 +1,6 @@
 """Shared test fixtures' building blocks: the tiny model, built once per session."""
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -107,3 +108,43 @@ def chat_batch(tokenizer, texts):
     rows = [chat_prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {"uid": list(texts)})
+
+
+@contextlib.contextmanager
+def small_disk(folder, size: str = "20m"):
+    """A real filesystem of `size` (a tmpfs) mounted at `folder`, for full-disk tests; skips the test where
+    mounting is not allowed (it needs root or CAP_SYS_ADMIN), saying so."""
+    import subprocess
+
+    import pytest
+
+    os.makedirs(folder, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a {size} tmpfs at {folder} ({done.stderr.strip() or done.returncode}): "
+                    "the full-disk tests need a real small filesystem (run them as root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill_disk(folder, leave: int = 0) -> int:
+    """Fill the filesystem of `folder` with a file `filler` until it is full, then give back `leave` bytes;
+    returns the filler's size. Delete the file to free the space."""
+    path = os.path.join(folder, "filler")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        block = b"\0" * 2**16
+        while True:
+            try:
+                if os.write(fd, block) == 0:
+                    break
+            except OSError:
+                break
+        size = os.lseek(fd, 0, os.SEEK_END)
+        os.ftruncate(fd, max(0, size - leave))
+    finally:
+        os.close(fd)
+    return os.path.getsize(path)

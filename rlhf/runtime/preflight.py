@@ -26,7 +26,10 @@ What it checks, in the stages that will run:
 - for a named run that exists, the graph against the one it was started with
   (`rlhf.runtime.run_record`);
 - the components' own `preflight` hooks (`rlhf.runtime.preflight_hooks`: missing model folder
-  or data file, bad rows).
+  or data file, bad rows);
+- every `data_source` of an RL stage's training rows and of an evaluator's rows against the
+  reward's scorers (the trainer checks the same when it is built, but that is after the models
+  load). Rows that come from an earlier stage or a stream are left to the trainer.
 
 `check_experiment(graph, stages)` is the graph part alone (no hooks, no run record: cheap and
 without reading files); `batch_table(batches)` is the batch arithmetic per RL/SFT stage,
@@ -42,6 +45,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+import datasets
 import fiddle as fdl
 import torch
 from fiddle import daglish
@@ -50,6 +54,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rlhf.algos.requirements import reference_problems, setup_problems
+from rlhf.data.arrow import data_sources, is_validated
 from rlhf.graph.typecheck import annotation_problems
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import compile_graph
@@ -57,6 +62,7 @@ from rlhf.runtime.preflight_hooks import hook_problems
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import Remote, StageOutput
 from rlhf.runtime.run_record import RunRecord, run_folder
+from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.policy import PolicyWorker
@@ -162,7 +168,56 @@ def preflight_report(
     if report.complete:
         report.errors += _run_record_problems(graph, stages, allow_changes)
         report.errors += [p.removeprefix("- ") for p in hook_problems(graph)]
+        for name, stage in _selected_stages(graph, stages, Report()).items():
+            report.errors += _reward_source_problems(name, stage)
     return report
+
+
+def _reward_source_problems(name: str, stage: Any) -> list[str]:
+    """A `data_source` in the rows an RLTrainer trains on (or an Evaluator scores) that its reward has no
+    scorer for. Reads the rows' loader (cached by its own hook) and builds the reward, both cheap."""
+    problems = []
+    for node, path in _nodes(stage, _stage_prefix(name)):
+        pairs = {RLTrainer: ("train_data", "reward"), Evaluator: ("dataset", "reward")}
+        for cls, (data_arg, reward_arg) in pairs.items():
+            if not _is(node, cls):
+                continue
+            args = _args(node)
+            sources = _row_sources(args.get(data_arg))
+            reward = _built_or_none(args.get(reward_arg))
+            if sources is None or not callable(getattr(reward, "check_sources", None)):
+                continue
+            try:
+                reward.check_sources(sources)
+            except ValueError as err:
+                where = _cli_path((*path, daglish.Attr(data_arg)))
+                problems.append(f"{where}: {err}")
+    return problems
+
+
+def _row_sources(dataset: Any) -> set[str] | None:
+    """The data_source values of a dataset node's `rows`, or None when they cannot be read now."""
+    if not isinstance(dataset, fdl.Buildable) or "rows" not in dataset.__arguments__:
+        return None
+    rows = _built_or_none(dataset.rows)
+    if is_validated(rows):
+        return data_sources(rows)
+    if isinstance(rows, datasets.Dataset):
+        return set(rows.unique("data_source")) - {None} if "data_source" in rows.column_names else None
+    if isinstance(rows, (list, tuple)) and all(isinstance(r, dict) for r in rows):
+        return {r["data_source"] for r in rows if isinstance(r.get("data_source"), str)}
+    return None  # a stream (scanned when the trainer is built), or rows not readable now
+
+
+def _built_or_none(value: Any) -> Any:
+    """`value` built (a loader, a generator, a reward); None where it does not build now (a stage's output,
+    a missing file: their own checks report those)."""
+    if not isinstance(value, fdl.Buildable):
+        return value
+    try:
+        return fdl.build(value)
+    except Exception:  # noqa: BLE001 - reported elsewhere, or resolved later (StageOutput)
+        return None
 
 
 def _run_record_problems(graph: Any, stages: Sequence[str] | None, allow_changes: bool) -> list[str]:

@@ -51,6 +51,34 @@ class CheckpointFormatError(RuntimeError):
     (rlhf.trainers.checkpoint lets it through instead of falling back)."""
 
 
+class CheckpointIOError(RuntimeError):
+    """torch.distributed.checkpoint could not write or read a checkpoint; the message names the folder and each
+    rank's cause (e.g. `OSError: [Errno 28] No space left on device`), the first cause is `__cause__`'s.
+
+    DCP raises `CheckpointException`, which derives from `BaseException`: every `except Exception` (the
+    checkpoint fallback, a disk-full report, `rlhf export`) would let it through as a crash. `_dcp_errors`
+    turns it into this exception where DCP is called.
+    """
+
+
+@contextlib.contextmanager
+def _dcp_errors(action: str, folder: Path):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        causes = {rank: exc for rank, (exc, _) in err.failures.items()}
+        lines = [f"rank {rank}: {type(exc).__name__}: {_first_line(exc)}" for rank, exc in sorted(causes.items())]
+        first = next(iter(causes.values()), None)
+        raise CheckpointIOError(f"{action} {folder} failed ({'; '.join(lines) or err})") from (first or err)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
 def is_dcp_state(folder: str | Path) -> bool:
     return (Path(folder) / DCP_DIR / ".metadata").is_file()
 
@@ -109,7 +137,7 @@ def save_state(
             optim.state.clear()
         state = {"model": model_state, "optimizer": optim_state}
     folder.mkdir(parents=True, exist_ok=True)
-    with _quiet_single_process():
+    with _quiet_single_process(), _dcp_errors("writing", folder / DCP_DIR):
         save(state, checkpoint_id=str(folder / DCP_DIR))
     (folder / RNG_DIR).mkdir(exist_ok=True)
     torch.save(rng_state(), folder / RNG_DIR / f"rank_{rank:05d}.pt")
@@ -138,13 +166,13 @@ def load_state(
     optim = _inner(optimizer)
     if optim is None:
         state: dict[str, Any] = {"model": get_model_state_dict(model)}
-        with _quiet_single_process():
+        with _quiet_single_process(), _dcp_errors("reading", folder / DCP_DIR):
             load(state, checkpoint_id=str(folder / DCP_DIR))
         set_model_state_dict(model, state["model"])
     else:
         model_state, optim_state = get_state_dict(model, optim)  # the shapes and shards to read into
         state = {"model": model_state, "optimizer": optim_state}
-        with _quiet_single_process():
+        with _quiet_single_process(), _dcp_errors("reading", folder / DCP_DIR):
             load(state, checkpoint_id=str(folder / DCP_DIR))
         set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         if not extra["optimizer_stepped"]:
@@ -195,7 +223,7 @@ def read_model_state(folder: str | Path, model: nn.Module) -> None:
     from torch.distributed.checkpoint import load
 
     state = {"model": model.state_dict()}
-    with _quiet_single_process():
+    with _quiet_single_process(), _dcp_errors("reading", Path(folder) / DCP_DIR):
         load(state, checkpoint_id=str(Path(folder) / DCP_DIR), no_dist=True)
     model.load_state_dict(state["model"])
 

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 import rlhf_configs.common as common
+from rlhf.cli.rollouts_view import UNTRAINED_STYLE, render_response
 from rlhf.runtime.experiment import run_experiment
 from rlhf.trainers.records import format_records, read_records
 from rlhf.tracking.query import metric_values
@@ -42,6 +43,10 @@ def test_tool_calculator_smoke(tmp_path):
     assert "val-aux/num_turns/mean" not in results["no_tool_sft"]["metrics"]  # the baseline: single-turn
     stage = Path(results["grpo"]["checkpoint"]).parent
     rows = read_records(stage)
-    assert any("spans" in r for r in rows)  # conversations with tool turns were recorded span by span
+    assert any("segments" in r for r in rows)  # conversations with tool turns were recorded span by span
     shown = format_records(rows)
     assert "trained | " in shown and "context | '\\n<|im_start|>tool\\n" in shown
+    row = next(r for r in rows if "segments" in r)
+    rendered = render_response(row)  # `rlhf rollouts view`: the untrained spans dimmed
+    assert rendered.plain == "".join(s["text"] for s in row["segments"])
+    assert {span.style for span in rendered.spans} == {UNTRAINED_STYLE}
