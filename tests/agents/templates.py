@@ -70,3 +70,11 @@ DROPS_REASONING_TEMPLATE = """{%- set ns = namespace(last_user=-1) %}
     {{- '<|im_start|>' + message.role + '\\n' + content + '<|im_end|>\\n' }}
 {%- endfor %}
 {%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"""
+
+# SmolLM2-135M-Instruct's chat template (ChatML with a default system prompt), as its tokenizer carries it.
+SMOLLM2_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)

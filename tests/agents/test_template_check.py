@@ -10,7 +10,7 @@ from helpers import tiny_model_path
 from rlhf.agents.template_check import check_template, sample_conversation
 from rlhf.cli import main
 from rlhf.models.loading import load_tokenizer
-from templates import DROPS_REASONING_TEMPLATE, QWEN25_TEMPLATE
+from templates import DROPS_REASONING_TEMPLATE, QWEN25_TEMPLATE, SMOLLM2_TEMPLATE
 
 
 def tokenizer(template=None):
@@ -20,7 +20,7 @@ def tokenizer(template=None):
     return tok
 
 
-@pytest.mark.parametrize("template", [None, QWEN25_TEMPLATE], ids=["tiny-chatml", "qwen2.5"])
+@pytest.mark.parametrize("template", [None, QWEN25_TEMPLATE, SMOLLM2_TEMPLATE], ids=["tiny-chatml", "qwen2.5", "smollm2"])
 def test_append_only_templates_give_the_single_render(template):
     report = check_template(tokenizer(template))
     assert report.ok, report.format()

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 
 from helpers import tiny_model_path
 from rlhf.agents import (
-    AgentRollout, ChatRenderer, HermesParser, PythonCallParser, ToolCall, ToolEnvironment, Trajectory,
-    trajectory_batch,
+    AgentRollout, ChatRenderer, CodeBlockParser, HermesParser, PythonCallParser, ToolCall, ToolEnvironment,
+    Trajectory, trajectory_batch,
 )
+from rlhf.agents.library import python
 from rlhf.agents.batch import response_spans
 from rlhf.batch import Batch
 from rlhf.data.generators import arithmetic_rows
@@ -20,7 +21,7 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
 from rlhf.rollout.sampling import SamplingParams
 from scripted import ScriptedPolicy
-from templates import QWEN25_TEMPLATE
+from templates import QWEN25_TEMPLATE, SMOLLM2_TEMPLATE
 
 
 def add(a: int, b: int) -> int:
@@ -98,8 +99,27 @@ def test_golden_qwen25_hermes_calls_with_parallel_results():
     assert metrics["tool_calls/total"] == 2 and metrics["tool_errors/invalid_arguments"] == 1
 
 
+def test_golden_smollm2_template_code_blocks_run_in_the_sandbox():
+    tok = tokenizer(SMOLLM2_TEMPLATE)
+    question = "What is 4821+7390?"
+    agent = AgentRollout(environment=functools.partial(ToolEnvironment, tools=[python]), tokenizer=tok,
+                         parser=CodeBlockParser())
+    code = "Let me compute it.\n```python\nprint(4821 + 7390)\n```"
+    batch, metrics = agent.rollout(ScriptedPolicy(tok, {question: [code, "12211"]}).generate,
+                                   prompts_for(question, tok), SamplingParams(max_new_tokens=128))
+    prompt = tok.decode(batch["prompts"][0][batch["attention_mask"][0, : batch["prompts"].shape[1]].bool()])
+    assert prompt == ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face"
+                      "<|im_end|>\n<|im_start|>user\nWhat is 4821+7390?<|im_end|>\n<|im_start|>assistant\n")
+    assert spans_of(batch, tok) == [
+        (code + "<|im_end|>", 1),
+        ("\n<|im_start|>tool\n12211<|im_end|>\n<|im_start|>assistant\n", 0),  # the program's output
+        ("12211<|im_end|>", 1),
+    ]
+    assert metrics["tool_calls/total"] == 1 and metrics["tool_errors/total"] == 0
+
+
 def test_builder_ids_equal_one_render_where_the_template_is_append_only():
-    for template in (None, QWEN25_TEMPLATE):
+    for template in (None, QWEN25_TEMPLATE, SMOLLM2_TEMPLATE):
         tok = tokenizer(template)
         parser = HermesParser()
         call = parser.format([ToolCall("add", {"a": 4821, "b": 7390})])
