@@ -207,3 +207,20 @@ def test_the_score_lands_on_the_last_sampled_token_not_in_a_tool_result():
     advantages, _ = GRPO(norm_by_std=False)(AdvantageInputs(scored["token_level_scores"], mask,
                                                             group_ids_from_uids(["g", "g"])))
     assert advantages[0][mask[0].bool()].unique().tolist() == [0.5]  # the whole trajectory, every sampled token
+
+
+def test_the_environment_can_own_the_reward():
+    """A data source scored by `environment_reward` takes the environment's summed step rewards."""
+    from rlhf.agents import environment_reward
+    from rlhf.rewards.manager import RewardManager
+    from rlhf.trainers.scoring import score_rollout
+
+    tok = tokenizer()
+    questions = [f"What is {i}+1?" for i in range(2)]
+    agent = AgentRollout(environment=SlowEnvironment, tokenizer=tok, parser=PythonCallParser())
+    batch, _ = agent.rollout(ScriptedPolicy(tok, {q: ["a", "b"] for q in questions}).generate,
+                             prompts(tok, questions), SamplingParams(max_new_tokens=8))
+    scored, _ = score_rollout(batch, tok, RewardManager(scorers={"calc": environment_reward}))
+    assert scored["scores"].tolist() == [2.0, 2.0]  # 1.0 per step, two steps
+    with pytest.raises(ValueError, match="carries no environment reward"):
+        environment_reward("3", "3", {"agent": {"reward": None}})
