@@ -12,6 +12,10 @@ copies the tool's result. So:
 3. `eval`: greedy held-out accuracy with the tool;
 4. `no_tool_sft`: the baseline, the same model and SFT budget on direct answers, evaluated without tools.
 
+Measured (benchmarks/tool_calculator.py, 2026-11-24, one thread on a shared 2-core machine, load 6-10):
+held-out greedy accuracy on 200 four-digit additions, with the tool, 43.0% after SFT and 73.5% after
+40 GRPO steps; the no-tool baseline 0.5%: a margin of 73 points, in 6.6 minutes for all four stages.
+
     python experiments/tool_calculator.py --config fiddler:local                  # everything in-process
     python experiments/tool_calculator.py --config fiddler:smoke --config fiddler:local
     rlhf rollouts show outputs/tool_calculator/<run>/grpo --step 10               # conversations, trained spans marked
