@@ -42,7 +42,8 @@ def grpo_worker(**kw):
 
     path = tiny_model_path()
     objective = PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1))
-    return PolicyWorker(path, objective=objective, ref_model_path=path, **training_knobs({"micro_batch_size": 4, **kw}))
+    return PolicyWorker(path, objective=objective,
+                        **training_knobs({"micro_batch_size": 4, "ref_model_path": path, **kw}))
 
 
 def scored_rollout(worker, prompts=4, n=4, seed=0):

@@ -8,6 +8,7 @@ Nothing below this package parses arguments, prints results or loads experiment 
   `load_experiment` (an experiment file as a module), `build_graph`, `format_results`.
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
+- `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
 - `generate_eval`: `rlhf generate` and `rlhf eval`.
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
@@ -31,7 +32,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
   rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
-  rlhf export CKPT OUT                            a training checkpoint -> Hugging Face model folder
+  rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf models check-template MODEL                is the chat template append-only for multi-turn tool rollouts?
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
@@ -71,12 +72,9 @@ def _command(command: str, rest: list[str]) -> int:
 
         return prepare(rest[1:])
     if command == "export":
-        if len(rest) != 2:
-            sys.exit("usage: rlhf export CKPT OUT")
-        from rlhf.trainers.export import export_checkpoint
+        from rlhf.cli.export import export_main
 
-        print(export_checkpoint(rest[0], rest[1]))
-        return 0
+        return export_main(rest)
     if command == "doctor":
         from rlhf.cli.doctor import doctor_main
 

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 import torch
 
 from rlhf.batch import Batch
+from rlhf.models.loading import model_folder
 from rlhf.rollout.engine import NamedTensors, buckets, prompt_token_lists, rollout_batch
 from rlhf.rollout.sampling import SamplingParams
 
@@ -72,6 +73,7 @@ class VLLMEngine:
             enable_sleep_mode = not on_cpu
         if on_cpu and enable_sleep_mode:
             raise ValueError("VLLMEngine: vLLM's CPU build has no sleep mode; set enable_sleep_mode=False (or None)")
+        model_path = model_folder(model_path)  # an adapter folder: its merged model, written once (vLLM reads files)
         options = dict(
             model=model_path,
             tokenizer=model_path,
