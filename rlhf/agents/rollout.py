@@ -277,11 +277,17 @@ class _Isolated:
             raise TimeoutError(f"no answer within {timeout_s:g} s") from None
 
     def stop(self) -> None:
-        if not self.loop.is_closed():
-            try:
-                self.loop.call_soon_threadsafe(self.loop.stop)
-            except RuntimeError:  # closed meanwhile
-                pass
+        """End the thread: what still runs on its loop (an abandoned coroutine) is cancelled first."""
+
+        def shutdown() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)  # after the cancellations have run
+
+        try:
+            self.loop.call_soon_threadsafe(shutdown)
+        except RuntimeError:  # closed meanwhile
+            pass
 
 
 class _Clock:
