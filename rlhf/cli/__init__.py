@@ -25,7 +25,8 @@ from rlhf.cli.signals import honour_interrupts
 USAGE = """usage: rlhf COMMAND ...
 
   rlhf run  experiments/x.py [--config CMD ...]   run an experiment (same as python experiments/x.py)
-  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan
+  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan (and its memory per device)
+  rlhf plan --memory CONFIG [--gpus 8 ...]        what fits on N GPUs for a model config.json alone
   rlhf show experiments/x.py [--config CMD ...]   print the graph after overrides, and where each value was set
   rlhf diff A B [--config CMD ...]                what differs between two experiments, JSON graphs or Aim runs
   rlhf viz  experiments/x.py --out DIR            each stage graph as SVG (Graphviz) and the Plan as text
@@ -102,6 +103,10 @@ def _command(command: str, rest: list[str]) -> int:
         except FileNotFoundError as err:
             sys.exit(f"error: {err}")
         return 0
+    if command == "plan" and rest and rest[0] == "--memory":
+        from rlhf.cli.memory_plan import memory_plan_main
+
+        return memory_plan_main(rest[1:])
     if command in ("run", "plan", "show"):
         if not rest:
             sys.exit(f"usage: rlhf {command} experiments/x.py [--config CMD ...]")

@@ -29,7 +29,7 @@ from rlhf.config.overrides import OverrideError, apply_overrides
 from rlhf.config.provenance import format_provenance
 from rlhf.runtime.experiment import run_experiment
 from rlhf.runtime.plan import compile_graph, plan_model_path
-from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, preflight
+from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, memory_table, preflight
 from rlhf.sweeps import sweep_from_cli
 
 __all__ = ["build_graph", "experiment_graph", "format_results", "load_experiment", "run_cli"]
@@ -136,6 +136,8 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
                 stage_models[name] = path
         if report.batches:
             print(batch_table(report.batches))
+        if report.memory:
+            print(memory_table(report.memory))
         return None
     batches = batch_arithmetic(graph, stages)
     if batches:

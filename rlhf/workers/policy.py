@@ -36,6 +36,11 @@ from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
+from rlhf.workers.memory import (
+    MemoryEstimate, Placement, Term, Workload, estimate, forward_terms, frozen_model_terms,
+    generation_terms, logit_terms, micro_batch, model_shape, optimizer_step_terms, shared_prefix_forward_terms,
+    shared_prefix_training_terms, trained_model_terms, training_activation_terms,
+)
 from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 
@@ -237,6 +242,84 @@ class PolicyWorker:
             held += f", {SHARED_REFERENCE}"
         print(f"[policy rank {self.trainer.rank}/{self.trainer.world_size}] strategy "
               f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}", flush=True)
+
+    @staticmethod
+    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+        """Peak memory of one rank per phase of a step, from the model config and these settings alone
+        (rlhf.workers.memory). `arguments`: this class's arguments with `training` and `engine` built;
+        `model_path`/`ref_model_path` may be `ModelShape`s instead of paths (tests, `rlhf plan --memory`)."""
+        training = arguments["training"]
+        shape = model_shape(arguments["model_path"])
+        compute, trained = training.compute_dtype, arguments.get("objective") is not None
+        on_gpu = placement.device == "cuda"
+        adapter = arguments.get("adapter") is not None
+        head = "lm"
+        if trained:
+            states = trained_model_terms(shape, head, placement, optimizer_states=0 if adapter else 2, label="actor")
+            device, host = states
+            if adapter:  # an adapter's gradients and optimizer state are a small fraction of the base
+                device = [t for t in device if "gradients" not in t.name and "DDP" not in t.name]
+        else:
+            device = frozen_model_terms(shape, head, arguments["dtype"], placement, "actor")
+            host = []
+        ref = arguments.get("ref_model_path")
+        shared_ref = adapter and (ref is arguments["model_path"]
+                                  or reference_is_base(arguments.get("adapter"), ref, arguments["model_path"]))
+        if ref is not None and not shared_ref:  # a LoRA reference that is the actor's base costs nothing
+            device += frozen_model_terms(model_shape(ref), head, compute, placement, "reference")
+        engine = arguments.get("engine")
+        options = getattr(engine, "keywords", {}) or {}
+        engine_cls = getattr(engine, "func", engine)
+        shares = getattr(engine_cls, "sharing", None) is not None
+        vllm_share: list[Term] = []
+        if not shares and workload.generate:
+            share = options.get("gpu_memory_utilization") or (0.5 if on_gpu else 0.05)
+            vllm_share = [Term(f"vLLM share ({share:g} of the device)", share * (placement.device_bytes or 0))]
+            if not on_gpu:  # vLLM's CPU build cannot sleep: its share stays through the update
+                device = device + vllm_share
+        fsdp = placement.fsdp
+        shared_prefix = arguments.get("shared_prefix")
+        if shared_prefix is None:
+            shared_prefix = not fsdp and not training.gradient_checkpointing
+        fused = arguments.get("fused_lm_head")
+        fused = on_gpu if fused is None else fused
+        blocks = arguments.get("logits_block_elements")
+        p, r, n = workload.prompt_tokens, workload.response_tokens, workload.n
+        phases = []
+        if workload.generate:
+            if shares:
+                per_call = options.get("max_rows_per_call")
+                rows = workload.rows if per_call is None else min(workload.rows, max(n, per_call // n * n))
+                # gradient checkpointing hooks the layers, so decoding falls back to the model's own forward
+                lean = not training.gradient_checkpointing
+                gen = generation_terms(shape, rows, max(1, rows // n), p, r, compute, arguments["dtype"], placement,
+                                       lean=lean)
+            else:
+                gen = vllm_share if on_gpu else []
+            phases.append(("generation", device + gen))
+        rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
+                                  training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
+        prompts = max(1, rows // n)
+        if shared_prefix and n > 1:
+            fwd = shared_prefix_forward_terms(shape, rows, prompts, p, r, compute)
+        else:
+            fwd = forward_terms(shape, rows, width, compute, placement)
+        phases.append(("log-probs (no grad)", device + fwd + logit_terms(shape, rows, r, compute, fused, False,
+                                                                         placement.device, blocks)))
+        if trained:
+            mini = max(1, workload.rows // max(1, workload.mini_batches))
+            rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size,
+                                      training.max_tokens_per_micro_batch)
+            if shared_prefix and n > 1:
+                acts = shared_prefix_training_terms(shape, rows, max(1, rows // n), p, r, compute)
+            else:
+                acts = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing,
+                                                 placement)
+            backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device, blocks)
+            step = optimizer_step_terms(shape, head, placement)
+            worst = backward if sum(t.bytes for t in backward) >= sum(t.bytes for t in step) else step
+            phases.append(("update", device + worst))
+        return estimate("policy", phases, host)
 
     @staticmethod
     def preflight(arguments: dict) -> None:

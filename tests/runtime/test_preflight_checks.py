@@ -29,9 +29,9 @@ def errors(graph, **kwargs):
 
 
 def grpo_row(table: str) -> list[str]:
-    """The first four cells (stage, prompts, n, samples) of the table's grpo row."""
-    (row,) = [line.split()[:4] for line in table.splitlines() if line.strip().startswith("grpo")]
-    return row
+    """The first four cells (stage, prompts, n, samples) of the table's grpo row (the batch table's: the
+    memory table printed after it has a grpo row too)."""
+    return [line.split()[:4] for line in table.splitlines() if line.strip().startswith("grpo")][0]
 
 
 def one_error(graph, **kwargs) -> str:
