@@ -24,13 +24,15 @@ import sys
 import fiddle as fdl
 import torch
 
+from rlhf.agents.demonstrations import tool_demonstrations
 from rlhf.agents.environment import ToolEnvironment
-from rlhf.agents.library import python
+from rlhf.agents.library import addition_code_calls, python
 from rlhf.agents.parsers import CodeBlockParser
 from rlhf.agents.rollout import AgentRollout
 from rlhf.algos import GRPO, PPOClipLoss
 from rlhf.data.generators import long_addition_rows
 from rlhf.data.prompts import PromptDataset
+from rlhf.data.sft import SFTDataset
 from rlhf.models.importing import import_model
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards.gsm8k import gsm8k_flexible
@@ -38,11 +40,13 @@ from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.ray_runtime import RayRuntime
+from rlhf.runtime.remote import StageOutput
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.records import RolloutRecorder
 from rlhf.trainers.rl import RLTrainer
-from rlhf.workers.objectives import PolicyObjective
+from rlhf.trainers.sft import SFTTrainer
+from rlhf.workers.objectives import PolicyObjective, SFTObjective
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.pieces import policy_group
 
@@ -68,12 +72,9 @@ def agent(tokenizer: fdl.Config) -> fdl.Config:
     )
 
 
-def base() -> fdl.Config[Experiment]:
-    model = fdl.Config(import_model, "smollm2-135m-instruct")
-    tokenizer = fdl.Config(load_tokenizer, model)
-    reward = fdl.Config(RewardManager, scorers={"long_addition": gsm8k_flexible})  # the final reply's last number
-    rows = fdl.Config(long_addition_rows, n=2000, digits=3, seed=0, split="train")
-    heldout = fdl.Config(
+def heldout(tokenizer: fdl.Config, reward: fdl.Config) -> fdl.Config:
+    """Greedy accuracy with the tool on 64 held-out additions (multi-turn)."""
+    return fdl.Config(
         Evaluator,
         dataset=fdl.Config(PromptDataset, rows=fdl.Config(long_addition_rows, n=64, digits=3, split="test"),
                            tokenizer=tokenizer, name="heldout", raw_prompt=True),
@@ -82,51 +83,81 @@ def base() -> fdl.Config[Experiment]:
         rollout=agent(tokenizer),
         prompts_per_call=16,
     )
+
+
+def base() -> fdl.Config[Experiment]:
+    model = fdl.Config(import_model, "smollm2-135m-instruct")
+    tokenizer = fdl.Config(load_tokenizer, model)
+    reward = fdl.Config(RewardManager, scorers={"long_addition": gsm8k_flexible})  # the final reply's last number
+    rows = fdl.Config(long_addition_rows, n=2000, digits=3, seed=0, split="train")
+    demonstrations = fdl.Config(
+        tool_demonstrations, rows=fdl.Config(long_addition_rows, n=640, digits=3, seed=1, split="train"),
+        calls=addition_code_calls, tools=[python], parser=fdl.Config(CodeBlockParser), system_prompt=SYSTEM_PROMPT)
+    sft = fdl.Config(
+        SFTTrainer,
+        policy=policy_group(
+            model_path=model,
+            objective=fdl.Config(SFTObjective),
+            optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0),
+            training=fdl.Config(TrainingSetup, micro_batch_size=16),
+        ),
+        data=fdl.Config(SFTDataset, rows=demonstrations, tokenizer=tokenizer),
+        batch_size=16,
+        bucketed=False,
+        total_steps=40,  # a warm start: the untuned model almost never ends on the sum, so GRPO alone has no signal
+        evaluator=heldout(tokenizer, reward),
+    )
+    warm = fdl.Config(StageOutput, stage="sft")
+    rl_tokenizer = fdl.Config(load_tokenizer, warm)
     grpo = fdl.Config(
         RLTrainer,
         policy=policy_group(
-            model_path=model,
+            model_path=warm,
             objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28)),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=2e-6, weight_decay=0.0),
             training=fdl.Config(TrainingSetup, micro_batch_size=8),
         ),
-        tokenizer=tokenizer,
-        train_data=fdl.Config(PromptDataset, rows=rows, tokenizer=tokenizer, name="train", raw_prompt=True),
+        tokenizer=rl_tokenizer,
+        train_data=fdl.Config(PromptDataset, rows=rows, tokenizer=rl_tokenizer, name="train", raw_prompt=True),
         reward=reward,
         advantage=fdl.Config(GRPO, norm_by_std=True),
         sampling=fdl.Config(SamplingParams, n=4, temperature=1.0, max_new_tokens=96),  # per assistant turn
-        rollout=agent(tokenizer),
+        rollout=agent(rl_tokenizer),
         prompts_per_step=8,
-        total_steps=30,
+        total_steps=20,
         test_freq=10,
-        val_before_train=True,
         records=fdl.Partial(RolloutRecorder, sample_rate=0.5),
-        evaluator=heldout,
+        evaluator=heldout(rl_tokenizer, reward),
     )
     return fdl.Config(
         Experiment,
         name=NAME,
-        stages={"grpo": grpo},
+        stages={"sft": sft, "grpo": grpo},
         runtime=fdl.Config(RayRuntime),
         tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
     )
 
 
 def smoke(cfg: fdl.Config[Experiment]) -> None:
-    """One GRPO step of 2 prompts x 2 conversations of at most 2 turns of 40 tokens; 2 held-out problems."""
+    """2 SFT steps of 4 demonstrations, one GRPO step of 2 prompts x 2 conversations of at most 2 turns of 40
+    tokens, 2 held-out problems."""
+    sft = cfg.stages["sft"]
+    sft.total_steps = 2
+    sft.batch_size = sft.policy.worker.training.micro_batch_size = 4
+    sft.data.rows.rows.n = 16
     rl = cfg.stages["grpo"]
     rl.total_steps = 1
     rl.prompts_per_step = 2
     rl.sampling.n = 2
     rl.sampling.max_new_tokens = 40
-    rl.val_before_train = False
     rl.records.sample_rate = 1.0
     rl.rollout.max_turns = 2
     rl.rollout.max_response_tokens = 160
-    rl.evaluator.dataset.rows.n = 2
-    rl.evaluator.sampling.max_new_tokens = 40
-    rl.evaluator.rollout.max_turns = 2
     rl.train_data.rows.n = 16
+    for stage in (sft, rl):
+        stage.evaluator.dataset.rows.n = 2
+        stage.evaluator.sampling.max_new_tokens = 40
+        stage.evaluator.rollout.max_turns = 2
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ def tool_demonstrations(
     calls: Callable[[Mapping], list[ToolCall]],  # the calls that solve a row
     tools: Sequence[Callable[..., Any] | Tool],
     parser: ToolCallParser,
+    system_prompt: str | None = None,  # the environment's (ToolEnvironment(system_prompt=...)), so SFT sees its prompts
 ) -> list[dict]:
     """One `messages` row per prompt row: prompt, assistant calls, tool results, the ground truth as the answer."""
     by_name = as_tools(tools)
@@ -38,6 +39,8 @@ def tool_demonstrations(
             raise ValueError(f"tool_demonstrations: the demonstration calls of row {row.get('extra_info')} failed: "
                              f"{failed[0].content}")
         messages = [dict(m) for m in row["prompt"]]
+        if system_prompt is not None:
+            messages = [{"role": "system", "content": system_prompt}] + [m for m in messages if m["role"] != "system"]
         messages.append({"role": "assistant", "content": parser.format(wanted)})
         messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
         messages.append({"role": "assistant", "content": str(row["reward_model"]["ground_truth"])})

@@ -28,6 +28,12 @@ def addition_calls(row: Mapping) -> list[ToolCall]:
     return [ToolCall("add", {}, (int(extra["a"]), int(extra["b"])))]
 
 
+def addition_code_calls(row: Mapping) -> list[ToolCall]:
+    """The `python` call that answers a long-addition row: a program printing the sum (for demonstrations)."""
+    extra = row["extra_info"]
+    return [ToolCall("python", {"code": f"print({int(extra['a'])} + {int(extra['b'])})\n"})]
+
+
 PYTHON_LIMITS = SandboxLimits(timeout_s=5.0, memory_mb=512, max_processes=8, max_output_bytes=4096)
 """What one `python` call may use (rlhf.rewards.sandbox: the sandbox code rewards run programs in)."""
 
