@@ -73,13 +73,13 @@ def agent(tokenizer: fdl.Config) -> fdl.Config:
 
 
 def heldout(tokenizer: fdl.Config, reward: fdl.Config) -> fdl.Config:
-    """Greedy accuracy with the tool on 64 held-out additions (multi-turn)."""
+    """Greedy accuracy with the tool on 32 held-out additions (multi-turn)."""
     return fdl.Config(
         Evaluator,
-        dataset=fdl.Config(PromptDataset, rows=fdl.Config(long_addition_rows, n=64, digits=3, split="test"),
+        dataset=fdl.Config(PromptDataset, rows=fdl.Config(long_addition_rows, n=32, digits=3, split="test"),
                            tokenizer=tokenizer, name="heldout", raw_prompt=True),
         reward=reward,
-        sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=96),
+        sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=64),
         rollout=agent(tokenizer),
         prompts_per_call=16,
     )
@@ -91,20 +91,20 @@ def base() -> fdl.Config[Experiment]:
     reward = fdl.Config(RewardManager, scorers={"long_addition": gsm8k_flexible})  # the final reply's last number
     rows = fdl.Config(long_addition_rows, n=2000, digits=3, seed=0, split="train")
     demonstrations = fdl.Config(
-        tool_demonstrations, rows=fdl.Config(long_addition_rows, n=640, digits=3, seed=1, split="train"),
+        tool_demonstrations, rows=fdl.Config(long_addition_rows, n=256, digits=3, seed=1, split="train"),
         calls=addition_code_calls, tools=[python], parser=fdl.Config(CodeBlockParser), system_prompt=SYSTEM_PROMPT)
     sft = fdl.Config(
         SFTTrainer,
         policy=policy_group(
             model_path=model,
             objective=fdl.Config(SFTObjective),
-            optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0),
-            training=fdl.Config(TrainingSetup, micro_batch_size=16),
+            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-5, weight_decay=0.0),
+            training=fdl.Config(TrainingSetup, micro_batch_size=8),
         ),
         data=fdl.Config(SFTDataset, rows=demonstrations, tokenizer=tokenizer),
-        batch_size=16,
+        batch_size=8,
         bucketed=False,
-        total_steps=40,  # a warm start: the untuned model almost never ends on the sum, so GRPO alone has no signal
+        total_steps=32,  # a warm start: the untuned model almost never ends on the sum, so GRPO alone has no signal
         evaluator=heldout(tokenizer, reward),
     )
     warm = fdl.Config(StageOutput, stage="sft")
@@ -114,18 +114,17 @@ def base() -> fdl.Config[Experiment]:
         policy=policy_group(
             model_path=warm,
             objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28)),
-            optimizer=fdl.Partial(torch.optim.AdamW, lr=2e-6, weight_decay=0.0),
+            optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-5, weight_decay=0.0),
             training=fdl.Config(TrainingSetup, micro_batch_size=8),
         ),
         tokenizer=rl_tokenizer,
         train_data=fdl.Config(PromptDataset, rows=rows, tokenizer=rl_tokenizer, name="train", raw_prompt=True),
         reward=reward,
         advantage=fdl.Config(GRPO, norm_by_std=True),
-        sampling=fdl.Config(SamplingParams, n=4, temperature=1.0, max_new_tokens=96),  # per assistant turn
+        sampling=fdl.Config(SamplingParams, n=4, temperature=1.0, max_new_tokens=64),  # per assistant turn
         rollout=agent(rl_tokenizer),
         prompts_per_step=8,
-        total_steps=20,
-        test_freq=10,
+        total_steps=8,
         records=fdl.Partial(RolloutRecorder, sample_rate=0.5),
         evaluator=heldout(rl_tokenizer, reward),
     )
