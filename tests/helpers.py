@@ -9,7 +9,7 @@ import tempfile
 import fiddle as fdl
 import torch
 
-from rlhf.models.tiny import tiny_qwen2
+from rlhf.models.tiny import byte_level_qwen2_tokenizer, tiny_qwen2
 
 _ROOT = os.environ.get("RLHF_TEST_MODELS", os.path.join(tempfile.gettempdir(), "rlhf-test-models"))
 
@@ -109,6 +109,42 @@ def chat_batch(tokenizer, texts):
     rows = [chat_prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {"uid": list(texts)})
+
+
+# Not ChatML: the policy's template differs, so reusing its token ids would be caught.
+RM_TEMPLATE = (
+    "{% for message in messages %}[{{ message['role'] | upper }}] {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT] {% endif %}<|endoftext|>"
+)
+
+
+@functools.cache
+def tiny_reward_model() -> str:
+    """A tiny Qwen2ForSequenceClassification (one label) + byte-level tokenizer with its own template."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    path = os.path.join(tempfile.gettempdir(), "rlhf-test-models", "rm-h32-l2-s0")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    tok = byte_level_qwen2_tokenizer()
+    tok.chat_template = RM_TEMPLATE
+    tok.pad_token = "<|im_start|>"  # unlike the policy's, and not the template's last token
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, num_labels=1, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForSequenceClassification(config)
+    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1, so rows differ visibly
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process wrote it first
+        pass
+    return path
 
 
 @contextlib.contextmanager

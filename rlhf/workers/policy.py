@@ -26,7 +26,7 @@ from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
 from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path, same_model
 from rlhf.models.saving import make_portable, save_model_folder, save_tokenizer
 from rlhf.models.shared_prefix import response_logits
-from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
+from rlhf.rollout.engine import EngineFactory, SyncCheck, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.fsdp import (
@@ -205,6 +205,7 @@ class PolicyWorker:
         self.engine = for_policy(engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
         self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
+        self._sync_unchecked_warned = False
         # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
         # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
         fsdp = isinstance(self.trainer.strategy, FSDP)
@@ -241,7 +242,10 @@ class PolicyWorker:
         if self.ref_is_base:
             held += f", {SHARED_REFERENCE}"
         print(f"[policy rank {self.trainer.rank}/{self.trainer.world_size}] strategy "
-              f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}", flush=True)
+              f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}; rollout engine "
+              f"{type(self.engine).__name__} "
+              f"({'sharing the actor' if getattr(self.engine, 'shares_weights', False) else 'own weights'})",
+              flush=True)
 
     @staticmethod
     def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
@@ -363,12 +367,27 @@ class PolicyWorker:
             self.engine.wake_up()
             return
         self.engine.wake_up(["weights"])
+        if getattr(self.engine, "shares_weights", False):  # the actor's own module: nothing to send
+            self.engine.wake_up(["kv_cache"])
+            self._engine_stale = False
+            return
         actor = self.trainer.unwrapped()
-        if self.adapter is not None and not getattr(self.engine, "shares_weights", False):
+        if self.adapter is not None:
             actor = merged(actor)  # the engine holds plain weights: W + alpha/r B A
-        self.engine.update_weights(named_weights(actor))  # a sharing engine consumes nothing
+        check = SyncCheck()
+        self.engine.update_weights(check.tap(named_weights(actor)))
         self.engine.wake_up(["kv_cache"])
+        self._check_sync(check)
         self._engine_stale = False
+
+    def _check_sync(self, check: SyncCheck) -> None:
+        """What the engine holds now must be what it was sent (WeightSyncError otherwise); an engine
+        that cannot say (no `weight_digests`, or no tensor under its Hugging Face name) is warned about once."""
+        compared = check.verify(self.engine) if hasattr(self.engine, "weight_digests") else 0
+        if compared == 0 and not self._sync_unchecked_warned:
+            self._sync_unchecked_warned = True
+            print(f"[policy rank {self.trainer.rank}] warning: {type(self.engine).__name__} cannot show which "
+                  "weights it holds (weight_digests), so its weight syncs are not verified", flush=True)
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()

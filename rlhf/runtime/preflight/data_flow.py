@@ -4,6 +4,8 @@
   with no reference model, a group estimator with one sample per prompt (the rules of
   `rlhf.algos.requirements`, which the trainer reads too), reported with the graph path to change;
 - a stage using the output of a stage that does not run before it;
+- (warnings) a `critic_warmup` that leaves the actor untrained: not below `total_steps`, or
+  without a critic;
 - every `data_source` of an RL stage's training rows and of an evaluator's rows against the
   reward's scorers (the trainer checks the same when it is built, but that is after the models
   load). Rows that come from an earlier stage or a stream are left to the trainer.
@@ -70,6 +72,7 @@ def data_flow_problems(name: str, stage: Any) -> tuple[list[str], list[str]]:
                 has_critic=arguments.get("critic") is not None,
                 dynamic_sampling=arguments.get("dynamic_sampling") is not None,
             ) if estimator is not None else []
+            warnings += critic_warmup_warnings(where, arguments)
             policy = arguments.get("policy")
             worker = get(policy, "worker")
             if arguments.get("kl_in_reward") is not None and is_a(policy, Remote) and is_a(worker, PolicyWorker):
@@ -89,6 +92,21 @@ def data_flow_problems(name: str, stage: Any) -> tuple[list[str], list[str]]:
             fix = f" Fix: --config 'set:{where}.{problem.fix}'." if problem.fix else ""
             errors.append(f"{where}.{problem.field}: {problem.message}{fix}")
     return errors, warnings
+
+
+def critic_warmup_warnings(where: str, arguments: dict[str, Any]) -> list[str]:
+    """An RLTrainer's `critic_warmup` that keeps the actor from ever training, or idles it without a critic."""
+    warmup, total = arguments.get("critic_warmup"), arguments.get("total_steps")
+    if not isinstance(warmup, int) or not isinstance(total, int) or warmup == 0:
+        return []
+    if warmup >= total:
+        return [f"{where}.critic_warmup={warmup} >= total_steps={total}: the actor is never updated in this stage "
+                f"(only steps after the warm-up train it). Lower it, e.g. --config "
+                f"set:{where}.critic_warmup={max(0, total - 1)}."]
+    if arguments.get("critic") is None:
+        return [f"{where}.critic_warmup={warmup} without a critic: the first {warmup} steps generate and score but "
+                f"train nothing. Set --config set:{where}.critic_warmup=0, or add a critic."]
+    return []
 
 
 def reward_source_problems(name: str, stage: Any) -> list[str]:
