@@ -19,7 +19,7 @@ had nothing left to learn here: every sampled conversation already ended on the 
 right conversation in 6 GRPO steps (192 conversations) and was stopped.
 
     /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:local
-    python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local   # one tiny step
+    /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local
 """
 
 from __future__ import annotations
