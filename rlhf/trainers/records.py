@@ -89,6 +89,8 @@ class RolloutRecorder:
                 if bool((real & ~mask[i]).any()):  # tokens the loss did not see: tell them apart
                     row["segments"] = [{"text": text, "trained": bool(trained)} for text, trained in response_spans(
                         tokenizer, batch["responses"][i][real].tolist(), mask[i][real].int().tolist())]
+            if "policy_version" in batch:  # the weights that generated it (behind the step's with async rollout)
+                row["policy_version"] = int(batch["policy_version"][i])
             lines.append(json.dumps(row, ensure_ascii=False))
         if lines:
             append_whole(folder / RECORDS_FILE, "".join(line + "\n" for line in lines).encode("utf-8"))

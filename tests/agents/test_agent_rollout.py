@@ -224,3 +224,19 @@ def test_the_environment_can_own_the_reward():
     assert scored["scores"].tolist() == [2.0, 2.0]  # 1.0 per step, two steps
     with pytest.raises(ValueError, match="carries no environment reward"):
         environment_reward("3", "3", {"agent": {"reward": None}})
+
+
+def test_multi_turn_rollouts_with_asynchronous_rollout_are_refused_with_the_fix():
+    from rlhf.rewards.arithmetic import exact_match_score
+    from rlhf.rewards.manager import RewardManager
+    from rlhf.trainers.async_rollout import AsyncRollout
+    from rlhf.trainers.rl import RLTrainer
+
+    tok = tokenizer()
+    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": "What is 1+2?"}],
+             "reward_model": {"ground_truth": "3"}, "extra_info": {}}]
+    agent = AgentRollout(environment=functools.partial(ToolEnvironment, tools=[add]), tokenizer=tok)
+    with pytest.raises(ValueError, match="runs synchronously only: leave async_rollout=None"):
+        RLTrainer(None, tok, PromptDataset(rows, tok, raw_prompt=True), RewardManager({"arithmetic": exact_match_score}),
+                  advantage=GRPO(), sampling=SamplingParams(n=2), rollout=agent,
+                  async_rollout=AsyncRollout.__new__(AsyncRollout))
