@@ -7,7 +7,7 @@ benchmarks/results/smollm2_python_tool-<time>.json: held-out greedy accuracy wit
 untuned model, after SFT and after GRPO, tool calls per conversation at each point, the GRPO curves,
 wall time and the load average. Loads the real model: run it under /work/bin/realmodel-run.
 
-    OMP_NUM_THREADS=1 /work/bin/realmodel-run python benchmarks/smollm2_python_tool.py   # ~20-25 min, 1 thread
+    OMP_NUM_THREADS=1 /work/bin/realmodel-run python benchmarks/smollm2_python_tool.py   # 11-30 min on 1 thread, by load
 """
 
 from __future__ import annotations

@@ -10,13 +10,14 @@ a reply without a code block, scored by its last number (gsm8k_flexible). Two st
    model almost never ends a conversation on the sum, so GRPO alone has no signal;
 2. `grpo`: multi-turn GRPO from that checkpoint, each sample a conversation (rlhf.agents.AgentRollout).
 
-Measured (benchmarks/smollm2_python_tool.py, 2026-11-25, one thread on a shared 2-core machine, load
-4-8; benchmarks/results/smollm2_python_tool-20261125-001115.json): greedy held-out accuracy with the
-tool on 32 three-digit additions, 0% untuned (no code block in any conversation), 100% after the 32
-SFT steps (one call per conversation, two turns), 100% after 8 GRPO steps; 30 minutes in all. GRPO
-had nothing left to learn here: every sampled conversation already ended on the sum (training score
-1.0 at every step), so every group's advantage was 0. An earlier run without the warm start saw no
-right conversation in 6 GRPO steps (192 conversations) and was stopped.
+Measured (benchmarks/smollm2_python_tool.py, 2026-11-25, one thread on a shared 2-core machine):
+greedy held-out accuracy with the tool on 32 three-digit additions, 0% untuned (no code block in any
+conversation), 100% after the 8 SFT steps of 8 demonstrations (one call per conversation, two
+turns), 100% after 8 GRPO steps; 11 minutes in all, load 2-5
+(benchmarks/results/smollm2_python_tool-20261125-002842.json; 32 SFT steps gave the same,
+-20261125-001115.json). GRPO had nothing left to learn here: every sampled conversation already
+ended on the sum (training score 1.0 at every step), so every group's advantage was 0. Without the
+warm start, 6 GRPO steps from the untuned model sampled no right conversation (192) and were stopped.
 
     /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:local
     /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local
@@ -109,7 +110,7 @@ def base() -> fdl.Config[Experiment]:
         data=fdl.Config(SFTDataset, rows=demonstrations, tokenizer=tokenizer),
         batch_size=8,
         bucketed=False,
-        total_steps=32,  # a warm start: the untuned model almost never ends on the sum, so GRPO alone has no signal
+        total_steps=8,  # a warm start: the untuned model almost never ends on the sum, so GRPO alone has no signal
         evaluator=heldout(tokenizer, reward),
     )
     warm = fdl.Config(StageOutput, stage="sft")
