@@ -2,9 +2,11 @@
 
     python benchmarks/data_scale.py --rows 1000000            # + the old list path at 100k rows
     python benchmarks/data_scale.py --rows 100000 --baseline-rows 0
+    python benchmarks/data_scale.py --tokenizer ~/.cache/rlhf/models/smollm2-135m-instruct --baseline-rows 0 \
+        --out benchmarks/results/data_scale-smollm2.json      # a real tokenizer (SmolLM2's, 49k BPE)
 
 Writes N GSM8K-format rows in verl's schema to a parquet file (each prompt ~250 characters,
-~230 tokens with the tiny byte-level tokenizer), then, each in a fresh process and with one
+~230 tokens with the tiny byte-level tokenizer, ~70 with SmolLM2's BPE), then, each in a fresh process and with one
 torch thread, times `PromptDataset(load_rows(path))` up to its first shuffled batch:
 - cold: an empty cache (reading, validating, templating, tokenising, writing the Arrow caches);
 - warm: the same again, reading the caches (a second start, a resume, the build after preflight);
@@ -56,8 +58,8 @@ def write_rows_parquet(n: int, path: Path) -> Path:
     return path
 
 
-def child(mode: str, path: str, cache: str, num_proc: int | None) -> dict:
-    """One measured start, in this (fresh) process."""
+def child(mode: str, path: str, cache: str, num_proc: int | None, tokenizer_path: str) -> dict:
+    """One measured start, in this (fresh) process; `tokenizer_path` "" is the tiny model's tokenizer."""
     import resource
 
     start = time.perf_counter()
@@ -69,7 +71,7 @@ def child(mode: str, path: str, cache: str, num_proc: int | None) -> dict:
 
     from rlhf.models.loading import load_tokenizer
 
-    tokenizer = load_tokenizer(tiny_model_path())
+    tokenizer = load_tokenizer(tokenizer_path or tiny_model_path())
     imported = time.perf_counter() - start
     if mode == "list":
         batch, rows = list_path(path, tokenizer)
@@ -111,8 +113,8 @@ def list_path(path: str, tokenizer):
     return batch, len(rows)
 
 
-def measure(mode: str, path: Path, cache: Path, num_proc: int | None) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, str(path), str(cache), str(num_proc or 0)]
+def measure(mode: str, path: Path, cache: Path, num_proc: int | None, tokenizer: str = "") -> dict:
+    cmd = [sys.executable, __file__, "--child", mode, str(path), str(cache), str(num_proc or 0), tokenizer]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(ROOT), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
@@ -127,11 +129,14 @@ def main() -> None:
     parser.add_argument("--baseline-rows", type=int, default=100_000, help="rows for the old list path (0: skip)")
     parser.add_argument("--num-proc", type=int, default=None, help="map processes (default: one per core)")
     parser.add_argument("--dir", type=Path, default=None, help="working folder (default: a temporary one)")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument("--tokenizer", default="", help="a model folder whose tokenizer templates and tokenises "
+                        "the prompts (default: the tiny test model's byte-level one)")
+    parser.add_argument("--out", type=Path, default=None, help="also write the JSON object to this file")
+    parser.add_argument("--child", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        mode, path, cache, num_proc = args.child
-        print(json.dumps(child(mode, path, cache, int(num_proc) or None)))
+        mode, path, cache, num_proc, tokenizer = args.child
+        print(json.dumps(child(mode, path, cache, int(num_proc) or None, tokenizer)))
         return
     work = args.dir or Path(tempfile.mkdtemp(prefix="rlhf-data-scale-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -140,17 +145,23 @@ def main() -> None:
     started = time.perf_counter()
     if not path.exists():
         write_rows_parquet(args.rows, path)
+    tokenizer = str(Path(args.tokenizer).expanduser().absolute()) if args.tokenizer else ""
     result = {"rows": args.rows, "file_mb": round(path.stat().st_size / 2**20, 1),
-              "write_s": round(time.perf_counter() - started, 1), "cores": len(os.sched_getaffinity(0))}
-    cache = work / f"cache-{args.rows}"
-    result["cold"] = measure("arrow", path, cache, args.num_proc)
-    result["warm"] = measure("arrow", path, cache, args.num_proc)
+              "write_s": round(time.perf_counter() - started, 1), "cores": len(os.sched_getaffinity(0)),
+              "tokenizer": tokenizer or "tiny byte-level (tests/helpers.tiny_model_path)",
+              "date": time.strftime("%Y-%m-%d %H:%M"), "load_average_before": list(os.getloadavg())}
+    cache = work / f"cache-{args.rows}-{Path(tokenizer).name or 'tiny'}"
+    result["cold"] = measure("arrow", path, cache, args.num_proc, tokenizer)
+    result["warm"] = measure("arrow", path, cache, args.num_proc, tokenizer)
     if args.baseline_rows:
         small = work / f"prompts-{args.baseline_rows}.parquet"
         if not small.exists():
             write_rows_parquet(args.baseline_rows, small)
-        result["list_baseline"] = {"rows": args.baseline_rows, **measure("list", small, cache, None)}
+        result["list_baseline"] = {"rows": args.baseline_rows, **measure("list", small, cache, None, tokenizer)}
+    result["load_average_after"] = list(os.getloadavg())
     print(json.dumps(result))
+    if args.out:
+        args.out.write_text(json.dumps(result, indent=1) + "\n")
     print("\n| path | rows | seconds to first batch | of which import + tokenizer | CPU seconds | peak RSS GB | "
           "workers' peak GB |")
     print("|---|---|---|---|---|---|---|")

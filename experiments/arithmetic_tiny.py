@@ -282,8 +282,9 @@ def pf_ppo(cfg: fdl.Config[Experiment]) -> None:
 # ------------------------------------------------------------------------- sizes
 def smoke(cfg: fdl.Config[Experiment]) -> None:
     """The smallest run that exercises every stage (tests): 256 training problems, 40 small SFT steps,
-    2 RL steps of 4 prompts, 32 validation problems, rollouts recorded, and a partial-credit reward (digit_match_score) so the
-    barely trained model's samples of one prompt get different rewards for the RL algorithms to use."""
+    2 RL steps of 4 prompts (a critic warm-up of at most 1 step), 32 validation problems, rollouts recorded,
+    and a partial-credit reward (digit_match_score) so the barely trained model's samples of one prompt get
+    different rewards for the RL algorithms to use."""
     sft = cfg.stages["sft"]
     sft.total_steps = 40
     sft.batch_size = sft.policy.worker.training.micro_batch_size = 64
@@ -292,8 +293,9 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     rl = cfg.stages["grpo"]
     rl.train_data.rows.n = 256
     rl.total_steps = 2
+    rl.critic_warmup = min(rl.critic_warmup, 1)  # `ppo`'s 5: the actor still trains at step 2
     rl.prompts_per_step = 4
-    rl.records = fdl.Config(RolloutRecorder)
+    rl.records = fdl.Partial(RolloutRecorder, max_groups_per_step=None)
     for stage in cfg.stages.values():
         stage.evaluator.dataset.rows.n = 32
     rl.reward.scorers = {"arithmetic": digit_match_score}  # a fiddler may have given the RL stage its own reward

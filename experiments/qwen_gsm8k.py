@@ -9,8 +9,9 @@ word problems:
     python experiments/qwen_gsm8k.py                          # GPU, model + data reachable
     python experiments/qwen_gsm8k.py --config fiddler:tiny      # CPU, offline, under a minute
 
-Rollouts come from vLLM on a GPU machine where it is installed, from the transformers engine
-otherwise (a one-line notice says which); `fiddler:vllm` / `fiddler:hf` choose explicitly.
+Rollouts come from vLLM on a GPU worker where it is installed, from the transformers engine
+otherwise: each worker chooses (`AutoEngine`) and its first line says which; `fiddler:vllm` /
+`fiddler:hf` choose explicitly.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import sys
 
 import fiddle as fdl
 
-from rlhf.rollout.choose import auto_engine_name
+from rlhf.rollout.choose import AutoEngine
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.vllm_engine import VLLMEngine
 
@@ -41,11 +42,8 @@ def base(
     stage = grpo_stage(model, os.path.expanduser(data_dir), scorers={"openai/gsm8k": gsm8k_strict}, name="gsm8k",
                        lr=lr, total_steps=435)  # 15 epochs of 7473 problems at 256 per step
     score_flexible_too(stage)
-    if auto_engine_name() == "vllm":
-        stage.policy.worker.engine = vllm_engine()
-        print(f"[{NAME}] rollout engine: vLLM (colocated, synced after every update)", file=sys.stderr)
-    else:
-        print(f"[{NAME}] rollout engine: transformers (vLLM needs a GPU and `pip install vllm`)", file=sys.stderr)
+    # chosen on each worker, not here: the driver may be a CPU head node
+    stage.policy.worker.engine = fdl.Config(AutoEngine, vllm=vllm_engine())
     return fdl.Config(
         Experiment,
         name=NAME,

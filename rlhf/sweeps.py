@@ -56,8 +56,9 @@ from rlhf.config.overrides import OverrideError, did_you_mean, named_functions, 
 from rlhf.config.provenance import labelled
 from rlhf.graph.io import from_json, make_experiments_importable, nest, to_json
 from rlhf.runtime.experiment import run_experiment
-from rlhf.runtime.plan import compile_graph
-from rlhf.runtime.preflight import PreflightError, batch_table, check_experiment, gpu_count, preflight_report, runtime_kind
+from rlhf.runtime.preflight import (
+    PreflightError, batch_table, check_experiment, experiment_resources, gpu_count, preflight_report,
+)
 
 __all__ = ["Member", "SweepError", "SweepResults", "expand", "sweep", "sweep_from_cli"]
 
@@ -357,7 +358,7 @@ def _parallelism(members: Sequence[Member], parallel: int, stages: Sequence[str]
     jobs = max(1, min(int(parallel), len(members)))
     if jobs == 1:
         return 1
-    cpus, gpus = zip(*(_needs(m.graph, stages) for m in members))
+    cpus, gpus = zip(*(dataclasses.astuple(experiment_resources(m.graph, stages)) for m in members))
     by_cpu = max(1, (os.cpu_count() or 1) // max(1, math.ceil(max(cpus))))
     capped = min(jobs, by_cpu)
     if max(gpus) > 0:
@@ -368,26 +369,8 @@ def _parallelism(members: Sequence[Member], parallel: int, stages: Sequence[str]
     return capped
 
 
-def _needs(graph: Any, stages: Sequence[str] | None) -> tuple[float, float]:
-    """(CPUs, GPUs) one member holds at a time: its most demanding stage (one process for LocalRuntime)."""
-    kind, _ = runtime_kind(graph)
-    cpus, gpus = 1.0, 0.0
-    for name, stage in dict(fdl.ordered_arguments(graph, include_defaults=True).get("stages") or {}).items():
-        if stages is not None and name not in stages:
-            continue
-        groups = list(compile_graph(stage).groups.values())
-        if kind == "local":
-            cpus = max([cpus, *(g.cpus_per_worker for g in groups)])
-            gpus = max([gpus, *(g.gpus_per_worker for g in groups)])
-        else:
-            owners = [g for g in groups if not g.colocate_with]
-            cpus = max(cpus, sum(g.cpus_per_worker * g.num_workers for g in owners))
-            gpus = max(gpus, sum(g.gpus_per_worker * g.num_workers for g in owners))
-    return cpus, gpus
-
-
 def _gpu_slots(members, jobs, stages) -> list[list[str]]:
-    gpus = max(_needs(m.graph, stages)[1] for m in members)
+    gpus = max(experiment_resources(m.graph, stages).gpus for m in members)
     if gpus <= 0:
         return []
     per = math.ceil(gpus)

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import fiddle as fdl
 from fiddle import selectors
 
 from rlhf.config.gin_overrides import apply_gin
+from rlhf.config.overrides import OverrideError
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.fsdp import FSDP
+from rlhf.workers.lora import LoRA
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
@@ -52,3 +55,17 @@ def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> Non
             if not isinstance(worker.training, fdl.Config):  # a worker on its default setup gets a node
                 worker.training = fdl.Config(TrainingSetup, **dataclasses.asdict(worker.training))
     selectors.select(cfg, TrainingSetup, check_nonempty=False).set(strategy=strategy)  # absent roles: nothing to do
+
+
+def lora(cfg: fdl.Config[Experiment], **options) -> None:
+    """Train a LoRA adapter instead of all weights in every trained policy, e.g. fiddler:lora(rank=16, alpha=32)
+    (`options` are LoRA's: rank, alpha, dropout, target_modules; unset ones keep LoRA's defaults). Where the
+    reference is the policy's own model, the base with the adapter disabled is the reference: no second copy.
+    Adapters usually want a learning rate about 10x a full fine-tune's."""
+    unknown = sorted(set(options) - set(inspect.signature(LoRA).parameters))
+    if unknown:
+        raise OverrideError(f"fiddler:lora got unknown option(s) {', '.join(unknown)}; LoRA takes "
+                            f"{', '.join(inspect.signature(LoRA).parameters)}")
+    for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
+        if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
+            worker.adapter = fdl.Config(LoRA, **options)

@@ -10,7 +10,7 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.data.sources import load_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards import RewardManager, default_scorers
-from rlhf.rollout.choose import engine_class
+from rlhf.rollout.choose import AutoEngine, engine_class
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.runtime.experiment import Experiment
@@ -23,11 +23,13 @@ from rlhf.trainers.generate import GenerationStage
 from rlhf_configs.pieces import policy_group
 
 def rollout_engine(name: str, dtype: str, max_model_len: int):
-    """The policy worker's engine slot for `--engine NAME` (auto: vLLM on a GPU where installed)."""
-    factory = engine_class(name)
-    if factory is VLLMEngine:  # vLLM keeps its own copy: in the requested dtype, with a KV cache for these lengths
-        return fdl.Partial(VLLMEngine, dtype=dtype, max_model_len=max_model_len)
-    return factory
+    """The policy worker's engine slot for `--engine NAME`; auto: `AutoEngine`, which picks vLLM on a
+    worker with a GPU and vLLM, else transformers (chosen on the worker, not on this machine)."""
+    # vLLM keeps its own copy: in the requested dtype, with a KV cache for these lengths
+    vllm = fdl.Partial(VLLMEngine, dtype=dtype, max_model_len=max_model_len)
+    if name == "auto":
+        return fdl.Config(AutoEngine, vllm=vllm)
+    return vllm if engine_class(name) is VLLMEngine else engine_class(name)
 
 
 def generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens, batch_size,

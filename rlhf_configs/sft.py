@@ -1,11 +1,12 @@
 """SFT graph pieces: one SFT stage over data files, and the graph + command line of `rlhf sft`.
 
     rlhf sft MODEL --data train.parquet [--val test.parquet] [--steps 500 --batch-size 64 --lr 1e-5]
-                   [--out outputs] [--local]
+                   [--lora-rank 16 --lora-alpha 32] [--out outputs] [--local]
 
 Rows are verl prompt rows (the response is the ground truth, or `extra_info[--response-key]`)
 or chat rows with `messages` (the loss covers the assistant turns). The final checkpoint is
-`<out>/sft/<time>/sft/final`, a Hugging Face folder an RL stage can start from.
+`<out>/sft/<time>/sft/final`, a Hugging Face folder an RL stage can start from (with `--lora-rank`,
+the merged model; the adapter alone is `final-adapter`).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import SFTObjective
 from rlhf.workers.training import TrainingSetup
+from rlhf.workers.lora import LoRA
+from rlhf_configs.common import lora
 from rlhf_configs.pieces import policy_group
 
 
@@ -125,6 +128,11 @@ def main(argv: Sequence[str]) -> int:
     p.add_argument("--compute-dtype", default=d["compute_dtype"], choices=["float32", "bfloat16"],
                    help="matmul dtype (autocast); the trained weights and optimizer state stay float32")
     p.add_argument("--no-bucketing", action="store_true", help="random batches instead of length-bucketed ones")
+    lora_defaults = {name: q.default for name, q in inspect.signature(LoRA).parameters.items()}
+    p.add_argument("--lora-rank", type=int, default=None,
+                   help="train a LoRA adapter of this rank instead of all weights; None: full fine-tuning")
+    p.add_argument("--lora-alpha", type=float, default=None,
+                   help=f"with --lora-rank: the adapter's output is scaled by alpha / rank; None: {lora_defaults['alpha']:g}")
     p.add_argument("--out", default="outputs", help="output folder: <out>/sft/<time>/sft/final is the model")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
     p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
@@ -132,6 +140,8 @@ def main(argv: Sequence[str]) -> int:
     a = p.parse_args(argv)
     if a.accuracy and a.val is None:
         p.error("--accuracy needs --val FILE (prompt rows)")
+    if a.lora_alpha is not None and a.lora_rank is None:
+        p.error("--lora-alpha needs --lora-rank")
     graph = sft_experiment(
         a.model, a.data, a.val, out=a.out, local=a.local, aim_repo=a.aim_repo, progress=not a.quiet,
         steps=a.steps, batch_size=a.batch_size, micro_batch_size=a.micro_batch_size, lr=a.lr,
@@ -141,6 +151,8 @@ def main(argv: Sequence[str]) -> int:
     )
     if a.no_bucketing:  # SFTTrainer.bucketed (default True) is the one default
         graph.stages["sft"].bucketed = False
+    if a.lora_rank is not None:  # the same fiddler as `--config fiddler:lora(rank=...)` on any recipe
+        lora(graph, rank=a.lora_rank, **({"alpha": a.lora_alpha} if a.lora_alpha is not None else {}))
 
     try:
         result = run_experiment(graph)["sft"]

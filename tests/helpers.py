@@ -1,5 +1,6 @@
 """Shared test fixtures' building blocks: the tiny model, built once per session."""
 
+import contextlib
 import dataclasses
 import functools
 import os
@@ -8,7 +9,7 @@ import tempfile
 import fiddle as fdl
 import torch
 
-from rlhf.models.tiny import tiny_qwen2
+from rlhf.models.tiny import byte_level_qwen2_tokenizer, tiny_qwen2
 
 _ROOT = os.environ.get("RLHF_TEST_MODELS", os.path.join(tempfile.gettempdir(), "rlhf-test-models"))
 
@@ -41,7 +42,8 @@ def grpo_worker(**kw):
 
     path = tiny_model_path()
     objective = PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1))
-    return PolicyWorker(path, objective=objective, ref_model_path=path, **training_knobs({"micro_batch_size": 4, **kw}))
+    return PolicyWorker(path, objective=objective,
+                        **training_knobs({"micro_batch_size": 4, "ref_model_path": path, **kw}))
 
 
 def scored_rollout(worker, prompts=4, n=4, seed=0):
@@ -107,3 +109,79 @@ def chat_batch(tokenizer, texts):
     rows = [chat_prompt_ids(tokenizer, [{"role": "user", "content": t}]) for t in texts]
     ids, mask = left_pad(rows, tokenizer.pad_token_id)
     return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {"uid": list(texts)})
+
+
+# Not ChatML: the policy's template differs, so reusing its token ids would be caught.
+RM_TEMPLATE = (
+    "{% for message in messages %}[{{ message['role'] | upper }}] {{ message['content'] }}\n{% endfor %}"
+    "{% if add_generation_prompt %}[ASSISTANT] {% endif %}<|endoftext|>"
+)
+
+
+@functools.cache
+def tiny_reward_model() -> str:
+    """A tiny Qwen2ForSequenceClassification (one label) + byte-level tokenizer with its own template."""
+    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+
+    path = os.path.join(tempfile.gettempdir(), "rlhf-test-models", "rm-h32-l2-s0")
+    if os.path.exists(os.path.join(path, "config.json")):
+        return path
+    tok = byte_level_qwen2_tokenizer()
+    tok.chat_template = RM_TEMPLATE
+    tok.pad_token = "<|im_start|>"  # unlike the policy's, and not the template's last token
+    config = Qwen2Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=512, num_labels=1, pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id, bos_token_id=None,
+    )
+    torch.manual_seed(0)
+    model = Qwen2ForSequenceClassification(config)
+    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1, so rows differ visibly
+    tmp = tempfile.mkdtemp(dir=os.path.dirname(path))
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    try:
+        os.replace(tmp, path)
+    except OSError:  # another process wrote it first
+        pass
+    return path
+
+
+@contextlib.contextmanager
+def small_disk(folder, size: str = "20m"):
+    """A real filesystem of `size` (a tmpfs) mounted at `folder`, for full-disk tests; skips the test where
+    mounting is not allowed (it needs root or CAP_SYS_ADMIN), saying so."""
+    import subprocess
+
+    import pytest
+
+    os.makedirs(folder, exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
+                          capture_output=True, text=True)
+    if done.returncode:
+        pytest.skip(f"cannot mount a {size} tmpfs at {folder} ({done.stderr.strip() or done.returncode}): "
+                    "the full-disk tests need a real small filesystem (run them as root)")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def fill_disk(folder, leave: int = 0) -> int:
+    """Fill the filesystem of `folder` with a file `filler` until it is full, then give back `leave` bytes;
+    returns the filler's size. Delete the file to free the space."""
+    path = os.path.join(folder, "filler")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        block = b"\0" * 2**16
+        while True:
+            try:
+                if os.write(fd, block) == 0:
+                    break
+            except OSError:
+                break
+        size = os.lseek(fd, 0, os.SEEK_END)
+        os.ftruncate(fd, max(0, size - leave))
+    finally:
+        os.close(fd)
+    return os.path.getsize(path)

@@ -72,8 +72,7 @@ def statements(mods: dict[str, Path]) -> list[tuple[str, list[str], int, bool]]:
             if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
                 visit(child, module, package, True)
                 continue
-            if isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test):
-                continue  # for type checkers only: never executed
+            # imports under `if TYPE_CHECKING:` count like any other: a type-only circle is still a circle
             if isinstance(child, ast.Import):
                 found.append((module, [a.name for a in child.names], child.lineno, in_function))
             elif isinstance(child, ast.ImportFrom):

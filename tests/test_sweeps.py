@@ -66,6 +66,9 @@ def test_a_sweep_runs_every_member_as_tagged_aim_runs(toy_sweep):
         sweep = run["params"]["sweep"]
         assert run["tags"] == [results.sweep_id] and sweep["id"] == results.sweep_id and sweep["name"] == "lr_sweep"
         assert sweep["overrides"] == {"stages": {"train": {"lr": [0.1, 0.5][sweep["index"]]}}}
+        experiment, folder, stage = run["name"].split("/")  # runs of one stage tell apart in Aim's tables
+        assert (experiment, stage) == ("toy_sweep", run["stage"]) and folder
+    assert len({run["name"] for run in runs}) == 4
     train_run = results[1]["train"]["run_hash"]
     assert [s for s, _ in metric_values(repo, train_run, "toy/loss")] == [1, 2, 3, 4]
     assert results[1]["read"]["parent_run"] == train_run  # lineage inside a member still holds

@@ -8,6 +8,7 @@ Nothing below this package parses arguments, prints results or loads experiment 
   `load_experiment` (an experiment file as a module), `build_graph`, `format_results`.
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
+- `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
 - `generate_eval`: `rlhf generate` and `rlhf eval`.
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
@@ -18,35 +19,48 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from rlhf.cli.errors import one_line_errors
 from rlhf.cli.signals import honour_interrupts
 
 USAGE = """usage: rlhf COMMAND ...
 
   rlhf run  experiments/x.py [--config CMD ...]   run an experiment (same as python experiments/x.py)
-  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan
+  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan (and its memory per device)
+  rlhf plan --memory CONFIG [--gpus 8 ...]        what fits on N GPUs for a model config.json alone
   rlhf show experiments/x.py [--config CMD ...]   print the graph after overrides, and where each value was set
   rlhf diff A B [--config CMD ...]                what differs between two experiments, JSON graphs or Aim runs
   rlhf viz  experiments/x.py --out DIR            each stage graph as SVG (Graphviz) and the Plan as text
   rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
   rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
-  rlhf export CKPT OUT                            a training checkpoint -> Hugging Face model folder
+  rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
+  rlhf rollouts view STAGE_DIR                    browse them: steps, groups ranked, search, masked spans
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
   rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
   rlhf eval MODEL --data FILE --n 8 [--out DIR]   generate, then score
+  rlhf serve MODEL [--port 8000 --api-key KEY]    an OpenAI-compatible server (completions, chat)
+  rlhf doctor [--json]                            versions, devices and what `auto` picks here, for bug reports
+
+`rlhf COMMAND --help` describes a command's options.
 """
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """`rlhf COMMAND ...` (the console script); `argv` defaults to `sys.argv[1:]`."""
+    """`rlhf COMMAND ...` (the console script); `argv` defaults to `sys.argv[1:]`. An error the command can
+    explain, a full disk and Ctrl-C end it with one line, not a traceback (`rlhf.cli.errors`)."""
     honour_interrupts()
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0
-    command, rest = argv[0], argv[1:]
+    resume = "run the same command again to continue where it stopped" if argv[0] == "generate" else None
+    with one_line_errors(resume):
+        return _command(argv[0], argv[1:])
+
+
+def _command(command: str, rest: list[str]) -> int:
     if command == "serve":  # rlhf serve MODEL [--host --port --api-key ...]: an OpenAI-compatible server
         from rlhf.serve import main as serve
 
@@ -58,12 +72,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return prepare(rest[1:])
     if command == "export":
-        if len(rest) != 2:
-            sys.exit("usage: rlhf export CKPT OUT")
-        from rlhf.trainers.export import export_checkpoint
+        from rlhf.cli.export import export_main
 
-        print(export_checkpoint(rest[0], rest[1]))
-        return 0
+        return export_main(rest)
+    if command == "doctor":
+        from rlhf.cli.doctor import doctor_main
+
+        return doctor_main(rest)
     if command == "models":
         from rlhf.cli.models import models_main
 
@@ -71,16 +86,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "rollouts":
         from rlhf.trainers.records import format_records, read_records
 
-        p = argparse.ArgumentParser(prog="rlhf rollouts show")
-        p.add_argument("action", choices=["show"])
+        p = argparse.ArgumentParser(prog="rlhf rollouts", description="Recorded rollouts of an RL stage: "
+                                    "`show` prints best/worst per group, `view` browses them in the terminal.")
+        p.add_argument("action", choices=["show", "view"])
         p.add_argument("stage_dir", help="a stage folder: <output_dir>/<experiment>/<run>/<stage>")
-        p.add_argument("--step", type=int, default=None)
+        p.add_argument("--step", type=int, default=None, help="show: only this step")
         a = p.parse_args(rest)
         try:
-            print(format_records(read_records(a.stage_dir, a.step)))
+            if a.action == "view":
+                from rlhf.cli.rollouts_view import view
+
+                view(a.stage_dir)
+            else:
+                print(format_records(read_records(a.stage_dir, a.step)))
         except FileNotFoundError as err:
             sys.exit(f"error: {err}")
         return 0
+    if command == "plan" and rest and rest[0] == "--memory":
+        from rlhf.cli.memory_plan import memory_plan_main
+
+        return memory_plan_main(rest[1:])
     if command in ("run", "plan", "show"):
         if not rest:
             sys.exit(f"usage: rlhf {command} experiments/x.py [--config CMD ...]")

@@ -23,13 +23,14 @@ from rich.console import Console
 from rich.table import Table
 
 import rlhf_configs.common as common
+from rlhf.cli.errors import one_line_errors
 from rlhf.cli.signals import honour_interrupts
 from rlhf.config.overrides import OverrideError, apply_overrides
 from rlhf.config.provenance import format_provenance
 from rlhf.runtime.experiment import run_experiment
 from rlhf.runtime.plan import compile_graph, plan_model_path
-from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, preflight
-from rlhf.sweeps import SweepError, sweep_from_cli
+from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, memory_table, preflight
+from rlhf.sweeps import sweep_from_cli
 
 __all__ = ["build_graph", "experiment_graph", "format_results", "load_experiment", "run_cli"]
 
@@ -114,11 +115,9 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
         sys.exit(f"error: {err}")
     stages = args.stages.split(",") if args.stages else None
     if args.sweep:
-        try:
+        with one_line_errors(resume_hint(graph)):
             return sweep_from_cli([module, common], graph, args.sweep, parallel=args.sweep_parallel, stages=stages,
                                   overrides=args.config, fiddlers=fiddlers, dry_run=args.print_graph or args.print_plan)
-        except (OverrideError, PreflightError, SweepError) as err:
-            sys.exit(f"error: {err}")
     if args.print_graph:  # each value with where it was set (rlhf.config.provenance)
         print(format_provenance(graph))
         return None
@@ -137,14 +136,22 @@ def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict
                 stage_models[name] = path
         if report.batches:
             print(batch_table(report.batches))
+        if report.memory:
+            print(memory_table(report.memory))
         return None
     batches = batch_arithmetic(graph, stages)
     if batches:
         print(batch_table(batches))
-    try:
+    with one_line_errors(resume_hint(graph)):
         results = run_experiment(graph, overrides=args.config, fiddlers=fiddlers, stages=stages,
                                  allow_changes=args.allow_changes)
-    except PreflightError as err:
-        sys.exit(f"error: {err}")
     print(format_results(results))
     return results
+
+
+def resume_hint(graph: Any) -> str:
+    """How to go on after an interrupt or a fixed error: a named run resumes, another starts afresh."""
+    if getattr(graph, "run_name", None) is not None:
+        return "run the same command again to resume from the newest checkpoint"
+    return ("this run has no run_name, so running it again starts afresh in a new folder (give it one with "
+            "--config \"set:run_name='NAME'\" to make it resumable)")

@@ -49,7 +49,7 @@ def _common(args) -> dict:
 
 def generate_main(argv: Sequence[str]) -> int:
     p, _ = _sampling_parser("rlhf generate", generation_experiment)
-    p.add_argument("model", help="model folder (e.g. a checkpoint .../final) or hub id")
+    p.add_argument("model", help="model folder (e.g. a checkpoint .../final), PEFT adapter folder (.../final-adapter) or hub id")
     p.add_argument("--out", required=True, help="output .jsonl (resumable; a .parquet copy is written at the end)")
     args = p.parse_args(argv)
     if not args.data:

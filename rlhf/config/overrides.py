@@ -1,9 +1,11 @@
 """Apply command-line overrides to a fiddle graph: `config:`, `fiddler:` and `set:`, in order.
 
 The grammar is fiddle's (`--config config:base(model="x")`, `--config fiddler:tiny`,
-`--config set:stages.grpo.total_steps=20`), with two differences that save users time:
-a command line without `config:` starts from the module's `base()`, and every misspelled
-name (fiddler, field, stage) fails at once with the valid names and a "did you mean".
+`--config set:stages.grpo.total_steps=20`), with three differences that save users time:
+a command line without `config:` starts from the module's `base()`; every misspelled
+name (fiddler, field, stage) fails at once with the valid names and a "did you mean"; and
+a `config:` that is not the first command is refused, since it builds the graph afresh and
+would silently drop the commands before it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import ast
 import difflib
 import inspect
+import shlex
 import types
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -162,6 +165,16 @@ def apply_overrides(
     """Build the graph from `commands`; returns (graph, the fiddlers applied by name)."""
     functions = named_functions(namespaces)
     commands = list(commands)
+    late = [i for i, command in enumerate(commands) if command.startswith("config:") and i > 0]
+    if late:
+        first = commands[late[0]]
+        dropped = ", ".join(repr(c) for c in commands[: late[0]])
+        rest = [c for i, c in enumerate(commands) if i != late[0]]
+        order = " ".join(f"--config {shlex.quote(c)}" for c in [first, *rest])
+        raise OverrideError(
+            f"{first!r} builds the graph from scratch, so the commands before it ({dropped}) would be dropped. "
+            f"Give one config: and put it first: {order}"
+        )
     if not commands or not commands[0].startswith(("config:",)):
         commands.insert(0, f"config:{default_config}")
     graph, fiddlers = None, []

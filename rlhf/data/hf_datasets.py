@@ -68,4 +68,19 @@ def _preflight(arguments: Mapping[str, Any]) -> None:
         load_hf_rows(**{k: v for k, v in arguments.items() if k != "num_proc"}, num_proc=arguments.get("num_proc"))
 
 
+def _input_files(arguments: Mapping[str, Any]) -> list[str]:
+    """The local files or folder whose contents a named run records (rlhf.runtime.run_record); a hub
+    dataset is named by its id and revision in the graph."""
+    files = arguments.get("data_files")
+    if isinstance(files, str):
+        return [files]
+    if isinstance(files, (list, tuple)):
+        return [f for f in files if isinstance(f, str)]
+    if isinstance(files, Mapping):
+        return [f for v in files.values() for f in ([v] if isinstance(v, str) else v) if isinstance(f, str)]
+    path = arguments.get("path")
+    return [path] if isinstance(path, str) and _is_local(path) else []
+
+
 load_hf_rows.preflight = _preflight  # type: ignore[attr-defined]
+load_hf_rows.input_files = _input_files  # type: ignore[attr-defined]

@@ -333,4 +333,10 @@ def _preflight(arguments: Mapping) -> None:
         load_sft_rows(arguments["path"], cache_dir=arguments.get("cache_dir"), num_proc=arguments.get("num_proc"))
 
 
+def _input_files(arguments: Mapping) -> list[str]:
+    """The file whose contents a named run records (rlhf.runtime.run_record): rewriting it is a change."""
+    return [arguments["path"]] if isinstance(arguments.get("path"), str) else []
+
+
 load_sft_rows.preflight = _preflight  # type: ignore[attr-defined]
+load_sft_rows.input_files = _input_files  # type: ignore[attr-defined]

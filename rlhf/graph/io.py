@@ -32,7 +32,7 @@ import fiddle as fdl
 from fiddle import daglish
 from fiddle.experimental import serialization
 
-__all__ = ["to_json", "from_json", "graph_hash", "flatten", "nest", "make_experiments_importable"]
+__all__ = ["to_json", "from_json", "graph_hash", "flatten", "nest", "shared_node_paths", "make_experiments_importable"]
 
 _PRIMITIVES = (bool, int, float, str, type(None))
 # Factories of dataclass fields that are called rather than named when defaults are materialized:
@@ -117,6 +117,22 @@ def flatten(cfg: Any) -> dict[str, object]:
 
     daglish.BasicTraversal.run(visit, root)
     return out
+
+
+def shared_node_paths(cfg: Any) -> dict[str, list[str]]:
+    """Every Buildable node reachable by more than one path: its `flatten` path -> all its dotted paths.
+
+    `flatten` lists a shared node's leaves under one path only (the shortest); this says where else
+    the same node is used, e.g. that the model node under `data.tokenizer.name_or_path` is also
+    `policy.worker.model_path`.
+    """
+    root = _materialized(cfg)
+    out: dict[str, list[str]] = {}
+    for value_id, paths in daglish.collect_paths_by_id(root, memoizable_only=True).items():
+        if len(paths) > 1:
+            ordered = sorted(paths, key=_path_order)
+            out[_dotted(ordered[0])] = [_dotted(p) for p in ordered]
+    return {k: v for k, v in out.items() if k}  # the root is never shared
 
 
 def nest(flat: dict[str, object]) -> dict:

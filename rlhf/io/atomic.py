@@ -3,6 +3,10 @@
 `atomic_write_dir(path, write)` lets `write` fill a temporary folder beside `path`, fsyncs
 every file, and renames it into place, so a crash or a full disk mid-write leaves the previous
 folder intact and a folder with the final name is always complete.
+
+The folder and its files get the modes the process's umask gives (`apply_umask`): the temporary
+folder is made by `mkdtemp` (always 0700) and safetensors writes its files 0600, so without it a
+checkpoint or exported model would be private to its writer whatever the umask says.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["atomic_write_dir", "fsync_tree"]
+__all__ = ["apply_umask", "atomic_write_dir", "fsync_tree"]
 
 
 def atomic_write_dir(path: str, write: Callable[[Path], None]) -> None:
@@ -26,6 +30,7 @@ def atomic_write_dir(path: str, write: Callable[[Path], None]) -> None:
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         write(tmp)
+        apply_umask(tmp)
         fsync_tree(tmp)
         old = None
         if target.exists():
@@ -37,6 +42,21 @@ def atomic_write_dir(path: str, write: Callable[[Path], None]) -> None:
         _fsync_dir(target.parent)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def apply_umask(folder: Path) -> None:
+    """Give `folder`, its sub-folders and files the modes a plain `mkdir` / `open` would under this umask
+    (0777 / 0666 minus the umask; a file's execute bits are kept where the umask allows them)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            path = os.path.join(root, name)
+            executable = os.stat(path).st_mode & 0o111
+            os.chmod(path, (0o666 | executable) & ~mask)
 
 
 def fsync_tree(folder: Path) -> None:

@@ -35,6 +35,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.models.saving import make_portable
 
 transformers.utils.logging.disable_progress_bar()  # the GGUF conversion's bars, once per tensor group
 
@@ -188,6 +189,7 @@ def _convert_cached(source: Path, target: Path, origin: dict) -> Path:
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
             _clean_config(tmp / "config.json")
+            make_portable(tmp)  # no record of how this machine loaded the files (tokenizer_config.json)
             (tmp / MARKER).write_text(json.dumps(info, indent=2) + "\n")
 
         atomic_write_dir(str(target), write)

@@ -3,18 +3,29 @@
 `resolve_model_path` is called before training starts (preflight), so a missing model
 stops a run within seconds with a message that says what is missing and how to run offline,
 instead of failing inside a Ray worker minutes later.
+
+A PEFT adapter folder (rlhf.models.adapters) is a model too: its base model, found from its
+`adapter_config.json`, with the adapter merged in. `model_folder` writes that merged model
+once into the cache for what needs full weights on disk (vLLM).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import transformers
+from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+
+from rlhf.io.atomic import atomic_write_dir
+from rlhf.models.adapters import adapter_base_name, is_adapter_folder, merge_adapter_into
+from rlhf.models.importing import cache_root
+from rlhf.models.saving import save_model_folder
 
 transformers.utils.logging.disable_progress_bar()
 
@@ -38,10 +49,14 @@ def resolve_model_path(name_or_path: str) -> str:
     """Return a local folder holding the model `name_or_path` (a folder, or a hub id fetched/cached)."""
     path = Path(name_or_path).expanduser()
     if path.is_dir():
+        if is_adapter_folder(path):
+            adapter_base_path(str(path))  # the base must be reachable too
+            return str(path)
         if not (path / "config.json").exists():
             raise ModelNotFoundError(
-                f"Model folder {path} has no config.json: it is not a Hugging Face model folder. "
-                "Point the model path at the folder that holds config.json and the weights."
+                f"Model folder {path} has no config.json (nor adapter_config.json): it is neither a Hugging Face "
+                "model folder nor a PEFT adapter folder. Point the model path at the folder that holds config.json "
+                "and the weights, or an adapter's adapter_config.json."
             )
         return str(path)
     if not _looks_like_hub_id(name_or_path):
@@ -73,9 +88,36 @@ def resolve_model_path(name_or_path: str) -> str:
         ) from err
 
 
+def model_reference(name_or_path: str) -> str:
+    """How to name a model in a file that outlives this process (an adapter's base model): a hub id
+    as given, a folder as its absolute path."""
+    return name_or_path if _looks_like_hub_id(name_or_path) else str(Path(name_or_path).expanduser().resolve())
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model paths (or hub ids) name the same model folder."""
+    return Path(resolve_model_path(a)).resolve() == Path(resolve_model_path(b)).resolve()
+
+
+def adapter_base_path(adapter: str) -> str:
+    """The local folder of an adapter folder's base model (which may be an adapter folder itself)."""
+    base = adapter_base_name(adapter)
+    try:
+        return resolve_model_path(base)
+    except ModelNotFoundError as err:
+        raise ModelNotFoundError(
+            f"{adapter} is a PEFT adapter whose base model {base!r} cannot be found: {err} Put the base model "
+            f"there, or set base_model_name_or_path in {Path(adapter) / 'adapter_config.json'} to where it is."
+        ) from err
+
+
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The model's tokenizer, left-padded (generation needs left padding) with a pad token."""
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path), padding_side="left")
+    """The model's tokenizer, left-padded (generation needs left padding) with a pad token; for an adapter
+    folder, the tokenizer saved with it, else its base model's."""
+    path = resolve_model_path(name_or_path)
+    if is_adapter_folder(path) and not (Path(path) / "tokenizer_config.json").is_file():
+        return load_tokenizer(adapter_base_path(path))
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if tok.chat_template is None:
@@ -105,8 +147,12 @@ def hf_model_source(
     finish: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m, **config_kwargs,
 ) -> ModelSource:
     """A Hugging Face model folder (or hub id) as a `ModelSource` of `auto_class`
-    (AutoModelForCausalLM, AutoModelForTokenClassification...); `finish` runs on either result."""
+    (AutoModelForCausalLM, AutoModelForTokenClassification...); `finish` runs on either result.
+    An adapter folder is its base model with the adapter merged in (the skeleton is the base's)."""
     path, torch_dtype = resolve_model_path(name_or_path), getattr(torch, dtype)
+    if is_adapter_folder(path):
+        base = hf_model_source(auto_class, adapter_base_path(path), dtype, **config_kwargs)
+        return ModelSource(lambda: finish(merge_adapter_into(base.load(), path)), lambda: finish(base.skeleton()))
 
     def load() -> torch.nn.Module:
         return finish(auto_class.from_pretrained(path, dtype=torch_dtype, **config_kwargs))
@@ -129,6 +175,28 @@ def causal_lm_source(name_or_path: str, dtype: str = "float32") -> ModelSource:
 def load_causal_lm(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
     """A causal LM in `dtype` ("float32", "bfloat16", "float16") with eager-safe attention on CPU."""
     return causal_lm_source(name_or_path, dtype).load()
+
+
+def model_folder(name_or_path: str) -> str:
+    """A folder with the model's full weights: the model's own, or for an adapter folder its merged model,
+    written once into the cache (`<cache>/merged/<digest>`, keyed by the adapter's files and its base) for
+    what reads weights from disk itself (vLLM)."""
+    path = resolve_model_path(name_or_path)
+    if not is_adapter_folder(path):
+        return path
+    base = adapter_base_path(path)
+    digest = hashlib.sha256(str(Path(base).resolve()).encode())
+    for folder in (Path(path), Path(base)):
+        for item in sorted(folder.iterdir()):
+            if item.is_file():
+                digest.update(f"{item.name}:{item.stat().st_size}:{item.stat().st_mtime_ns}\n".encode())
+    target = cache_root() / "merged" / digest.hexdigest()[:16]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(target) + ".lock"):
+        if not (target / "config.json").is_file():
+            model, tokenizer = load_causal_lm(path), load_tokenizer(path)
+            atomic_write_dir(str(target), lambda tmp: save_model_folder(tmp, model, tokenizer))
+    return str(target)
 
 
 def _preflight_path(arguments: dict) -> None:

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from rlhf.models.kv_cache import cache_kwargs, output_cache
+
 
 def response_logits(
     model: torch.nn.Module,
@@ -44,17 +46,18 @@ def response_logits(
         return out.logits[:, :-1, :]
     first = _first_rows(inverse, unique.shape[0])  # a row of each distinct prompt
     cache = DynamicCache(config=getattr(prefix_model or model, "config", None))
-    prefix = (prefix_model or model)(
+    owner = prefix_model or model
+    prefix = owner(
         input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p], position_ids=position_ids[first, :p],
-        past_key_values=cache, use_cache=True, logits_to_keep=1,
+        use_cache=True, logits_to_keep=1, **cache_kwargs(owner, cache),
     )
-    cache = prefix.past_key_values
+    cache = output_cache(prefix)
     cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...): differentiable gather
     logits = [prefix.logits[:, -1:, :][inverse]]
     if r > 1:
         suffix = model(
             input_ids=input_ids[:, p : p + r - 1], attention_mask=attention_mask[:, : p + r - 1],
-            position_ids=position_ids[:, p : p + r - 1], past_key_values=cache, use_cache=True,
+            position_ids=position_ids[:, p : p + r - 1], use_cache=True, **cache_kwargs(model, cache),
         )
         logits.append(suffix.logits)
     return torch.cat(logits, dim=1)

@@ -10,11 +10,18 @@ Lifecycle in the policy worker (the hybrid engine, docs/rollout_engines.md):
     wake_up(["weights"]) -> update_weights(actor weights) -> wake_up(["kv_cache"]) -> generate -> sleep()
 After `sleep()` an engine's weights are undefined until the next `update_weights` (vLLM's level-2
 sleep discards them); engines that cannot sleep make `sleep`/`wake_up` no-ops.
+
+A sync that silently does nothing is the classic hybrid-engine bug (TRL's sleep mode, verl's lost
+LoRA adapter: rollouts keep coming from old weights and nothing fails). So after every sync the
+policy worker compares what the engine holds with what it was sent (`weight_digests`,
+`SyncCheck`) and raises `WeightSyncError` on a difference.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -57,8 +64,95 @@ class RolloutEngine(Protocol):
         """Re-allocate what `sleep` freed: `["weights"]`, `["kv_cache"]`, or everything (None)."""
         ...
 
+    def weight_digests(self, names: Sequence[str]) -> dict[str, WeightDigest]:
+        """`WeightDigest.of` each named parameter the engine holds under that Hugging Face name
+        (names it holds otherwise, e.g. fused by vLLM, are left out)."""
+        ...
+
 
 EngineFactory = Callable[..., RolloutEngine]  # called as factory(model_path, dtype=..., device=...)
+
+DIGEST_SAMPLE = 4096  # elements of a tensor that its digest reads (evenly strided over the whole tensor)
+_BITS = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def digest_sample(tensor: torch.Tensor) -> torch.Tensor:
+    """At most `DIGEST_SAMPLE` elements of `tensor`, evenly strided (a copy; the same positions for
+    every tensor of this shape)."""
+    flat = tensor.detach().reshape(-1)
+    stride = max(1, math.ceil(flat.numel() / DIGEST_SAMPLE))
+    return flat[::stride].clone()
+
+
+def sample_digest(sample: torch.Tensor) -> int:
+    """An exact fingerprint of a sample's bits: sum_i bits_i * (i mod 251 + 1) in wrapping int64
+    arithmetic, so any changed element or moved position changes it, and it is the same on every
+    device and in every summation order (integer addition is associative)."""
+    bits = sample.contiguous().view(_BITS[sample.element_size()]).to(torch.int64)
+    position = torch.arange(bits.numel(), device=bits.device) % 251 + 1
+    return int((bits * position).sum())
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightDigest:
+    """What an engine holds under one parameter name: its shape, its dtype, and the digest of a
+    strided sample of its values in that dtype (`sample_digest`)."""
+
+    shape: tuple[int, ...]
+    dtype: str  # torch dtype name, e.g. "bfloat16"
+    value: int
+
+    @classmethod
+    def of(cls, tensor: torch.Tensor) -> WeightDigest:
+        return cls(tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."),
+                   sample_digest(digest_sample(tensor)))
+
+
+class WeightSyncError(RuntimeError):
+    """After a weight sync the rollout engine does not hold what it was sent: rollouts would come
+    from stale weights."""
+
+
+class SyncCheck:
+    """Verifies one sync: taps the stream of weights going to the engine (keeping a small strided
+    sample of each), then compares the engine's digests with those samples cast to the engine's dtype.
+
+        check = SyncCheck()
+        engine.update_weights(check.tap(named_weights(actor)))
+        check.verify(engine)   # raises WeightSyncError if a tensor the engine holds differs
+    """
+
+    def __init__(self) -> None:
+        self.sent: dict[str, tuple[tuple[int, ...], torch.Tensor]] = {}
+
+    def tap(self, weights: NamedTensors) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            self.sent[name] = (tuple(tensor.shape), digest_sample(tensor))
+            yield name, tensor
+
+    def verify(self, engine: RolloutEngine) -> int:
+        """Raise `WeightSyncError` where the engine's copy differs from what was sent; returns the
+        number of tensors compared (0: the engine holds none of them under their names)."""
+        held = engine.weight_digests(list(self.sent))
+        stale = []
+        compared = 0
+        for name, digest in held.items():
+            shape, sample = self.sent[name]
+            if digest.shape != shape:
+                continue  # stored in another layout (padded vocabulary): not comparable
+            compared += 1
+            if digest.value != sample_digest(sample.to(getattr(torch, digest.dtype))):
+                stale.append(name)
+        if stale:
+            shown = ", ".join(stale[:5]) + (f" and {len(stale) - 5} more" if len(stale) > 5 else "")
+            raise WeightSyncError(
+                f"the rollout engine ({type(engine).__name__}) did not take the actor's weights: after the sync, "
+                f"{len(stale)} of the {compared} tensors checked still differ from what was sent ({shown}). "
+                "Rollouts would come from stale weights while training goes on. This is a bug in the engine's "
+                "update_weights or in its sleep/wake-up order (weights must be loaded after wake_up(['weights']) "
+                "and survive wake_up(['kv_cache'])); see docs/rollout_engines.md, 'Weight sync'."
+            )
+        return compared
 
 
 def for_policy(
@@ -73,15 +167,22 @@ def for_policy(
     process (it defines `sharing(module, tokenizer, **options)`: HFEngine) shares it; any other
     is built from `model_path` and gets the actor's weights through `update_weights`.
 
-    `factory` is the class or a `functools.partial` of it (what `fdl.Partial` builds to);
-    its keyword arguments are kept either way.
+    `factory` is the class or a `functools.partial` of it (what `fdl.Partial` builds to), or a
+    factory that picks its engine on the machine that builds it (`resolve()`: `AutoEngine`);
+    its keyword arguments are kept either way. `dtype` (the compute dtype) and `device` fill only
+    what the factory leaves open: a `dtype` (or `device`) set on the engine's node in the graph is
+    the engine's own (a sharing engine given one keeps its own copy there instead of sharing).
     """
-    options = factory.keywords if isinstance(factory, functools.partial) else {}
+    resolve = getattr(factory, "resolve", None)
+    if callable(resolve):
+        factory = resolve()
+    options = dict(factory.keywords) if isinstance(factory, functools.partial) else {}
     cls = factory.func if isinstance(factory, functools.partial) else factory
     sharing = getattr(cls, "sharing", None)
-    if sharing is not None:
+    if sharing is not None and not options.keys() & {"dtype", "device"}:
         return sharing(actor, tokenizer, **options)
-    return factory(model_path, dtype=dtype, device=device)
+    defaults = {"dtype": dtype, "device": device}
+    return factory(model_path, **{k: v for k, v in defaults.items() if k not in options})
 
 
 def rollout_batch(

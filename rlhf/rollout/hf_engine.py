@@ -29,7 +29,7 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from rlhf.batch import Batch
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.rollout.decode import sample
-from rlhf.rollout.engine import NamedTensors, position_ids_from_mask, rollout_batch
+from rlhf.rollout.engine import NamedTensors, WeightDigest, position_ids_from_mask, rollout_batch
 from rlhf.rollout.sampling import SamplingParams
 
 __all__ = ["HFEngine", "position_ids_from_mask"]
@@ -96,6 +96,11 @@ class HFEngine:
             if name not in params:
                 raise KeyError(f"HFEngine.update_weights: the engine's model has no parameter {name!r}")
             params[name].data.copy_(tensor)
+
+    def weight_digests(self, names: Sequence[str]) -> dict[str, WeightDigest]:
+        """Digests of the named parameters of the model it generates with (see RolloutEngine)."""
+        params = dict(self.model.named_parameters(remove_duplicate=False))
+        return {name: WeightDigest.of(params[name]) for name in names if name in params}
 
     def sleep(self) -> None:
         """Nothing to free: the transformers engine keeps no cache between calls."""

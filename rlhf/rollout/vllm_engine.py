@@ -29,7 +29,8 @@ from collections.abc import Sequence
 import torch
 
 from rlhf.batch import Batch
-from rlhf.rollout.engine import NamedTensors, buckets, prompt_token_lists, rollout_batch
+from rlhf.models.loading import model_folder
+from rlhf.rollout.engine import NamedTensors, WeightDigest, buckets, prompt_token_lists, rollout_batch
 from rlhf.rollout.sampling import SamplingParams
 
 SEED_SPACE = 2**31 - 1  # vLLM seeds are ints; row seeds are (seed + row) modulo this
@@ -72,6 +73,7 @@ class VLLMEngine:
             enable_sleep_mode = not on_cpu
         if on_cpu and enable_sleep_mode:
             raise ValueError("VLLMEngine: vLLM's CPU build has no sleep mode; set enable_sleep_mode=False (or None)")
+        model_path = model_folder(model_path)  # an adapter folder: its merged model, written once (vLLM reads files)
         options = dict(
             model=model_path,
             tokenizer=model_path,
@@ -181,6 +183,11 @@ class VLLMEngine:
         for bucket in buckets(weights, self.bucket_bytes):
             self.llm.collective_rpc("rlhf_load_weights", args=(bucket,))
         self.llm.reset_prefix_cache()
+
+    def weight_digests(self, names: Sequence[str]) -> dict[str, WeightDigest]:
+        """Digests of the running model's parameters held under these Hugging Face names (vLLM's fused
+        ones, qkv_proj and gate_up_proj, are not: the sync check compares the others)."""
+        return self.llm.collective_rpc("rlhf_weight_digests", args=(list(names),))[0]
 
     def sleep(self) -> None:
         """Free the KV cache and the weights (level 2: the next update_weights replaces them); no-op on CPU."""

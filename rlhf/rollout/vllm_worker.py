@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from rlhf.rollout.engine import WeightDigest
+
 
 def _keep_live_cpu_weights() -> None:
     from vllm.model_executor.layers import utils
@@ -45,3 +47,8 @@ class WeightSync:
         model = self.model_runner.model
         device = next(model.parameters()).device
         model.load_weights((name, tensor.to(device, non_blocking=True)) for name, tensor in weights)
+
+    def rlhf_weight_digests(self, names: list[str]) -> dict:
+        """`WeightDigest`s of the running model's parameters under these names (the sync check)."""
+        params = dict(self.model_runner.model.named_parameters(remove_duplicate=False))
+        return {name: WeightDigest.of(params[name]) for name in names if name in params}

@@ -92,10 +92,9 @@ def run_experiment(
     run_folder = graph.run_name or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_root = Path(graph.output_dir) / graph.name / run_folder
     selected = [name for name in graph.stages if stages is None or name in stages]
-    record, invocation, changed = None, {}, set()
+    record, invocation = None, {}
     if resumable:
         record = RunRecord(out_root)
-        changed = record.changed_stages(graph, selected)
         invocation = record.record(graph, selected, overrides=overrides, fiddlers=fiddlers, allow_changes=allow_changes)
         for stage_name, lines in invocation["changes"].items():
             log.warning("continuing stage %r of %s with changes (--allow_changes):\n    %s", stage_name, out_root,
@@ -108,14 +107,16 @@ def run_experiment(
         try:
             for stage_name in selected:
                 stage_dir = out_root / stage_name
-                if resumable and (stage_dir / _RESULT).exists() and stage_name not in changed:
-                    results[stage_name] = json.loads((stage_dir / _RESULT).read_text())  # finished earlier
+                if record is not None and (done := record.finished_result(graph, stage_name)) is not None:
+                    results[stage_name] = done  # finished earlier, by this graph on these data
                     continue
                 invocations = record.start_stage(graph, stage_name, invocation) if record is not None else []
                 results[stage_name] = _run_stage(
                     graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations,
                     overrides=overrides, fiddlers=fiddlers, run_params=run_params, tags=tags, resumable=resumable,
                 )
+                if record is not None:
+                    record.write_result(stage_name, results[stage_name])
         finally:
             runtime.shutdown()
     return results
@@ -137,14 +138,20 @@ def terminate_as_interrupt() -> Iterator[None]:
     if not main or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield
         return
+    received: list[int] = []
 
     def handler(signum: int, frame: Any) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the clean-up short
+        received.append(signum)
         raise Terminated(f"signal {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, handler)
     try:
         yield
+    except KeyboardInterrupt as err:
+        if received and not isinstance(err, Terminated):  # `ray.get` re-raises any signal as a plain KeyboardInterrupt
+            raise Terminated(f"signal {signal.Signals(received[0]).name}") from err
+        raise
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -166,7 +173,7 @@ def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experime
         run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
     else:
         run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
-                         run_params, tags)
+                         run_params, tags, name=f"{graph.name}/{stage_dir.parent.name}/{stage_name}")
     with run:
         if invocations:
             run.set_params({"invocations": invocations})
@@ -184,18 +191,19 @@ def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experime
                 resume=resumable,
             )
             result = dict(stage.run(ctx))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the whole runtime goes now (see RayRuntime.shutdown)
+            runtime.shutdown()
+            raise
         finally:
             runtime.stop_groups()
         result["run_hash"] = run.hash
         result["parent_run"] = parent
         if "checkpoint" in result:
             run.set_params({"checkpoint": str(result["checkpoint"])})
-    if resumable:
-        _write_json(stage_dir / _RESULT, result)
     return result
 
 
-_RESULT, _RUN = "result.json", "run.json"
+_RUN = "run.json"
 
 
 def _read_json(path: Path) -> dict:
@@ -223,9 +231,10 @@ def _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash) -> dict[
     return params
 
 
-def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=()):
+def _start_run(tracker, stage, graph, plan, overrides, fiddlers, parent, experiment_hash, run_params=None, tags=(),
+               name=None):
     if tracker is None:
         return _NoRun()
     params = _lineage(graph, plan, overrides, fiddlers, parent, experiment_hash)
     params.update(run_params or {})
-    return tracker.start_run(stage, params=params, parent_run=parent, tags=tags)
+    return tracker.start_run(stage, name=name, params=params, parent_run=parent, tags=tags)

@@ -27,10 +27,8 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from rlhf.runtime.plan import GroupSpec
+from rlhf.runtime.group_spec import GroupSpec
 
 RESOLUTION = 1e-4  # Ray's granularity for fractional resources
 

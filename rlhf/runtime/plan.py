@@ -18,28 +18,11 @@ import fiddle as fdl
 from fiddle import daglish
 
 from rlhf.graph.io import from_json, to_json
+from rlhf.runtime.group_spec import GroupSpec
 from rlhf.runtime.placement import placement_problems, placements
 from rlhf.runtime.remote import GroupRef, Remote, StageOutput
 
-
-@dataclasses.dataclass(frozen=True)
-class GroupSpec:
-    """One worker group: where it runs and the sub-graph every worker builds."""
-
-    name: str
-    worker_json: str
-    num_workers: int
-    cpus_per_worker: float
-    gpus_per_worker: float
-    colocate_with: str | None
-
-    @property
-    def worker_cls(self) -> type:
-        return fdl.get_callable(from_json(self.worker_json))
-
-    @property
-    def pool(self) -> str:
-        return self.colocate_with or self.name
+__all__ = ["GroupSpec", "Plan", "bind_groups", "compile_graph", "plan_model_path"]
 
 
 @dataclasses.dataclass(frozen=True)

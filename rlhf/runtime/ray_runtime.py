@@ -164,6 +164,7 @@ class RayRuntime:
         self._pgs: list[Any] = []
         self._groups: list[RayWorkerGroup] = []
         self._connected = False  # whether this runtime called ray.init (and so must call ray.shutdown)
+        self._owns_cluster = False  # whether that call started a local cluster (which goes with ray.shutdown)
 
     def _init(self, plan: Plan) -> None:
         if ray.is_initialized():
@@ -190,6 +191,7 @@ class RayRuntime:
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(**kwargs)
         self._connected = True
+        self._owns_cluster = self.address is None
         if callable(handler) and threading.current_thread() is threading.main_thread():
             # ray.init installs a native SIGTERM handler that aborts the process (exit -6) with no
             # clean-up; the driver's own handler (the experiment runner's) must stay in charge.
@@ -241,13 +243,22 @@ class RayRuntime:
     def shutdown(self) -> None:
         """Stop the groups, then disconnect; a local cluster this runtime started (GCS, raylet,
         workers) stops with it. The experiment runner calls this on every exit: normal, an
-        exception, Ctrl-C, SIGTERM (`rlhf.runtime.experiment.terminate_as_interrupt`)."""
+        exception, Ctrl-C, SIGTERM (`rlhf.runtime.experiment.terminate_as_interrupt`).
+
+        A local cluster of its own is shut down whole, without asking it to stop each group first:
+        its actors and placement groups end with it, and a Ctrl-C or `timeout` signals the whole
+        process group, so its GCS may already be gone. Asking a dead GCS to remove a placement
+        group blocks until Ray gives up on it (60 s, "Failed to connect to GCS"), then exits the
+        driver before its Aim runs are closed."""
         try:
-            self.stop_groups()
+            if self._owns_cluster:
+                self._groups, self._pgs = [], []
+            else:
+                self.stop_groups()
         finally:
             if self._connected and ray.is_initialized():
                 ray.shutdown()
-            self._connected = False
+            self._connected = self._owns_cluster = False
 
     def describe(self) -> str:
         return f"RayRuntime(address={self.address!r})"

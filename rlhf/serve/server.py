@@ -45,7 +45,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         description="Serve a model folder (a trainer's checkpoint is one) with OpenAI's API: "
         "/v1/completions, /v1/chat/completions, /v1/models.",
     )
-    parser.add_argument("model", help="a Hugging Face model folder, e.g. runs/x/grpo/final, or a hub id")
+    parser.add_argument("model", help="a Hugging Face model folder, e.g. runs/x/grpo/final, a PEFT adapter folder "
+                        "(e.g. runs/x/grpo/final-adapter: served merged into its base), or a hub id")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument(
@@ -85,7 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)})
     try:
         engine = load_engine(args)
-    except (ModelNotFoundError, ValueError) as err:  # no such folder; a tokenizer without a chat template
+    except (ModelNotFoundError, ValueError, ImportError) as err:  # no such folder (or adapter base); no chat template; no peft
         raise SystemExit(f"error: {err}") from None
     name = args.served_model_name or args.model
     aliases = [args.model, str(Path(args.model).expanduser().resolve()), Path(args.model).name]

@@ -8,6 +8,8 @@ once, so queries and `aim up` see the finished run immediately.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import tempfile
@@ -53,7 +55,7 @@ class AimTracker:
         system_tracking_interval: float | None = None,
         capture_terminal_logs: bool = False,
     ) -> None:
-        self.repo = aim.Repo.from_path(str(repo), init=not aim.Repo.exists(str(repo)))
+        self.repo = open_repo(str(repo))
         self.experiment = experiment
         self.artifacts_uri = artifacts_uri or Path(self.repo.path, "artifacts").absolute().as_uri()
         self._system_tracking_interval = system_tracking_interval
@@ -63,11 +65,15 @@ class AimTracker:
         self,
         stage: str,
         *,
+        name: str | None = None,
         params: Mapping[str, Any] = _NO_PARAMS,
         parent_run: str | None = None,
         tags: Sequence[str] = (),
     ) -> TrackedRun:
         """Opens a run for `stage` ("sft", "rl", "eval", ...) with `params` as its Aim params.
+
+        `name` is the run's name in Aim's tables (default: the stage); the experiment runner names
+        runs `<experiment>/<run name or timestamp>/<stage>` so that runs of one stage tell apart.
 
         Also records `stage`, `parent_run` (the run whose checkpoint this one starts from, or its
         sweep) and `status` ("running" until closed). A `graph_json` string in `params` (as
@@ -80,7 +86,7 @@ class AimTracker:
             capture_terminal_logs=self._capture_terminal_logs,
             log_system_params=False,
         )
-        run.name = stage
+        run.name = name or stage
         for tag in tags:
             run.add_tag(tag)
         run.set_artifacts_uri(self.artifacts_uri)
@@ -94,7 +100,9 @@ class AimTracker:
         """Reopens an earlier run to continue it (a resumed job logs into the same run).
 
         Re-tracking a step that the run already holds replaces its value, so the steps a
-        resumed job repeats after its last checkpoint are not duplicated.
+        resumed job repeats after its last checkpoint are not duplicated. An `error` left by the
+        attempt that failed moves to `earlier_errors`: a run that then finishes must not show an
+        error beside `status=finished`.
         """
         run = aim.Run(
             run_hash=run_hash,
@@ -106,7 +114,40 @@ class AimTracker:
         )
         tracked = TrackedRun(run, self.repo)
         tracked.set_params({"status": "running", "resumed": int(run.get("resumed") or 0) + 1})
+        error = run.get("error")
+        if error is not None:
+            tracked.set_params({"earlier_errors": [*(run.get("earlier_errors") or []), error]})
+            del run["error"]
         return tracked
+
+
+def open_repo(path: str) -> aim.Repo:
+    """The Aim repository at `path`, created first if absent, while holding a lock on the folder that holds it.
+
+    Aim creates a repository in steps (the `.aim` folder, then its SQLite tables): a second
+    process that sees the folder before the tables exist fails with `no such table: run` (two
+    first runs of a sweep, or two jobs started at once, into a new repository). The lock (`flock`
+    on the folder itself: no lock file is left behind) makes "exists? else create" one step for
+    every process that opens the repository through here.
+    """
+    folder = Path(path).expanduser()
+    root = folder.parent if folder.name == ".aim" else folder
+    root.mkdir(parents=True, exist_ok=True)
+    with _folder_lock(root):
+        return aim.Repo.from_path(str(folder), init=not aim.Repo.exists(str(folder)))
+
+
+@contextlib.contextmanager
+def _folder_lock(folder: Path):
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as err:  # a filesystem without flock on folders: go on as before, unlocked
+            log.debug("cannot lock %s (%s); creating the Aim repository without a lock", folder, err)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 class TrackedRun:

@@ -6,7 +6,8 @@ until it answers. `sweep_url(ui.url, repo)` is the Metrics explorer showing the 
 latest sweep (or of `sweep_id`), one chart per metric, coloured by the swept fields
 (`run.params.sweep.overrides.<path>`). The explorer's state lives in the URL: `select` and
 `grouping` are JSON, URI-escaped, then base64url-encoded without padding behind `O-`
-(Aim's `aim64encode`).
+(Aim's `aim64encode`). `latest_runs_url` is the same view for the newest runs of the latest
+experiment (no sweep needed), coloured by run name (`<experiment>/<run>/<stage>`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["HEADLINE_METRICS", "AimUI", "aim64encode", "latest_sweep", "metrics_url", "sweep_url"]
+__all__ = ["HEADLINE_METRICS", "AimUI", "aim64encode", "latest_runs_url", "latest_sweep", "metrics_url", "sweep_url"]
 
 # Metrics a sweep view shows by default, where the runs have them (else every metric).
 HEADLINE_METRICS = ("val-core/", "critic/score/mean", "sft/loss")
@@ -198,7 +199,7 @@ def sweep_url(base_url: str, repo: str, sweep_id: str | None = None, metrics: It
     if found is None:
         raise LookupError(f"no sweep in the Aim repo {repo!r} (run one: python experiments/x.py --sweep NAME)")
     if metrics is None:
-        names = _metric_names(repo, found["id"])
+        names = _metric_names(repo, query=f'run.sweep.id == "{found["id"]}"')
         metrics = [n for n in names if n.startswith(HEADLINE_METRICS)]
     return metrics_url(
         base_url,
@@ -206,6 +207,27 @@ def sweep_url(base_url: str, repo: str, sweep_id: str | None = None, metrics: It
         metrics=list(metrics),
         color=[f"run.params.sweep.overrides.{k}" for k in found["swept"]],
     )
+
+
+def latest_runs_url(base_url: str, repo: str, experiment: str | None = None, limit: int = 8,
+                    metrics: Iterable[str] | None = None) -> str:
+    """Metrics explorer URL comparing the `limit` newest runs of `experiment` (default: the experiment
+    of the newest run), one chart per headline metric, one colour per run name (`run.props.name`: Aim's grouping field)."""
+    from rlhf.tracking.query import find_runs
+
+    runs = find_runs(repo)
+    if not runs:
+        raise LookupError(f"no runs in the Aim repo {repo!r} yet (run an experiment first)")
+    experiment = experiment or runs[-1]["experiment"]
+    chosen = [r for r in runs if r["experiment"] == experiment][-limit:]
+    if not chosen:
+        raise LookupError(f"no runs of experiment {experiment!r} in {repo!r}")
+    hashes = [r["hash"] for r in chosen]
+    query = f"run.hash in {hashes!r}"
+    if metrics is None:
+        names = _metric_names(repo, query=query)
+        metrics = [n for n in names if n.startswith(HEADLINE_METRICS)]
+    return metrics_url(base_url, query=query, metrics=list(metrics), color=["run.props.name"])
 
 
 def _dotted(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -219,10 +241,9 @@ def _dotted(nested: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _metric_names(repo: str, sweep_id: str) -> list[str]:
+def _metric_names(repo: str, query: str) -> list[str]:
     import aim
     from aim.sdk.types import QueryReportMode
 
-    query = f'run.sweep.id == "{sweep_id}"'
     metrics = aim.Repo.from_path(str(repo)).query_metrics(query, report_mode=QueryReportMode.DISABLED)
     return sorted({m.name for m in metrics.iter()})

@@ -15,7 +15,6 @@ and tries the next older one; with none intact the stage starts from its beginni
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import logging
 import os
@@ -26,22 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.io.fingerprint import sha256_file
 from rlhf.workers.state_io import CheckpointFormatError
 
 STATE_FILE = "trainer_state.json"
 MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d{8})$")
-_CHUNK = 8 * 2**20
 
 log = logging.getLogger(__name__)
 
-
-def sha256_file(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+__all__ = ["CheckpointError", "CheckpointManager", "sha256_file", "verify", "write_manifest"]
 
 
 def write_manifest(folder: Path) -> None:
@@ -130,7 +123,7 @@ class CheckpointManager:
             previous = self.latest()
             kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
             raise CheckpointError(
-                f"could not write checkpoint {target} ({type(err).__name__}: {err}); {kept}. "
+                f"could not write checkpoint {target} ({_reason(err)}); {kept}. "
                 "Free disk space or point the experiment's output_dir elsewhere, then resume."
             ) from err
         for old in self.complete()[: -self.keep]:
@@ -159,7 +152,7 @@ class CheckpointManager:
                 except CheckpointFormatError:  # not broken, just unreadable here: falling back would lose the run
                     raise
                 except Exception as err:  # noqa: BLE001 - any failure to load means: try the one before
-                    reason = f"loading it failed ({type(err).__name__}: {_first_line(err)})"
+                    reason = f"loading it failed ({_reason(err)})"
             if reason is None:
                 if skipped:
                     log.warning("resuming from %s after skipping %d broken checkpoint(s)", folder, len(skipped))
@@ -181,6 +174,10 @@ class CheckpointManager:
             raise CheckpointError(f"checkpoint {folder} has no readable {STATE_FILE}: {err}") from err
 
 
-def _first_line(err: BaseException) -> str:
+def _reason(err: BaseException) -> str:
+    """`Type: first line` of an error; a worker's error under Ray (a `RayTaskError`, whose text is the
+    remote traceback) is described by the exception it wraps (`cause`)."""
+    cause = getattr(err, "cause", None)
+    err = cause if isinstance(cause, BaseException) else err
     text = str(err).strip().splitlines()
-    return text[0][:300] if text else ""
+    return f"{type(err).__name__}: {text[0][:300] if text else ''}"

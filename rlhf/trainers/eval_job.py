@@ -283,6 +283,12 @@ class EvalJob:
         if isinstance(path, str) and not Path(path).is_file():
             raise FileNotFoundError(f"no generations file {path!r} (write one with `rlhf generate`)")
 
+    @staticmethod
+    def input_files(arguments: dict) -> list[str]:
+        """The generations file whose contents a named run records (rlhf.runtime.run_record)."""
+        path = arguments.get("generations")
+        return [path] if isinstance(path, str) else []
+
     def run(self, ctx: StageContext) -> dict:
         out_dir = Path(self.out_dir) if self.out_dir is not None else ctx.out_dir
         if self.parent_run is not None:

@@ -2,11 +2,18 @@
 
 `rlhf rollouts show RUN --step N` reads them back (best and worst response per group), so a
 user can see what the policy actually generated at any step of a run.
+
+A step's rows are appended in one write; a write that fails (a full disk) is cut back to where
+the file ended, so the file never keeps half a step. A kill in the middle of the write can still
+leave a torn last line: a resume (`truncate_records`) drops it with a warning, and reading
+skips it with a warning, instead of stopping at a `JSONDecodeError`.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 from collections import defaultdict
 from pathlib import Path
 
@@ -16,14 +23,29 @@ from rlhf.batch import Batch
 
 RECORDS_FILE = "rollouts.jsonl"
 
+log = logging.getLogger(__name__)
+
 
 class RolloutRecorder:
-    """Appends a sample of every step's groups to `<stage dir>/rollouts.jsonl`."""
+    """Appends a sample of every step's groups to `<stage dir>/rollouts.jsonl`.
 
-    def __init__(self, sample_rate: float = 1.0, seed: int = 0):  # fraction of prompt groups recorded
+    On by default in RL stages: a capped sample of each step's prompt groups (all their responses),
+    chosen by a seeded draw, so what the policy generated can always be looked at afterwards at a
+    bounded cost (16 groups x n responses per step: ~10 MB for 250 steps of 8 short responses).
+    """
+
+    def __init__(
+        self,
+        sample_rate: float = 1.0,  # fraction of prompt groups recorded
+        max_groups_per_step: int | None = 16,  # at most this many groups per step (None: no cap)
+        seed: int = 0,
+    ):
         if not 0 < sample_rate <= 1:
             raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate}")
+        if max_groups_per_step is not None and max_groups_per_step < 1:
+            raise ValueError(f"max_groups_per_step must be >= 1 or None (no cap), got {max_groups_per_step}")
         self.sample_rate = sample_rate
+        self.max_groups_per_step = max_groups_per_step
         self.seed = seed
 
     def write(self, folder: Path, step: int, batch: Batch, texts: list[str], prompts: list[str]) -> int:
@@ -31,46 +53,84 @@ class RolloutRecorder:
         uids = [str(u) for u in batch["uid"]]
         groups = sorted(set(uids))
         rng = np.random.default_rng([self.seed, step])
-        keep = {g for g in groups if rng.random() < self.sample_rate}
+        keep = [g for g in groups if rng.random() < self.sample_rate]
+        if self.max_groups_per_step is not None and len(keep) > self.max_groups_per_step:
+            keep = [keep[i] for i in sorted(rng.choice(len(keep), self.max_groups_per_step, replace=False))]
+        keep = set(keep)
         mask = batch["response_mask"].bool()
         scores = batch["token_level_scores"].sum(dim=1).tolist()
         advantages = [float(a[m][0]) if m.any() else 0.0 for a, m in zip(batch["advantages"], mask)]
         folder.mkdir(parents=True, exist_ok=True)
-        rows = 0
-        with open(folder / RECORDS_FILE, "a", encoding="utf-8") as f:
-            for i, uid in enumerate(uids):
-                if uid not in keep:
-                    continue
-                row = {
-                    "step": step,
-                    "uid": uid,
-                    "prompt": prompts[i],
-                    "response": texts[i],
-                    "score": scores[i],
-                    "advantage": advantages[i],
-                    "response_length": int(mask[i].sum()),
-                    "ground_truth": str(batch["ground_truth"][i]),
-                    "data_source": str(batch["data_source"][i]),
-                }
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                rows += 1
-        return rows
+        lines = []
+        for i, uid in enumerate(uids):
+            if uid not in keep:
+                continue
+            row = {
+                "step": step,
+                "uid": uid,
+                "prompt": prompts[i],
+                "response": texts[i],
+                "score": scores[i],
+                "advantage": advantages[i],
+                "response_length": int(mask[i].sum()),
+                "ground_truth": str(batch["ground_truth"][i]),
+                "data_source": str(batch["data_source"][i]),
+            }
+            lines.append(json.dumps(row, ensure_ascii=False))
+        if lines:
+            append_whole(folder / RECORDS_FILE, "".join(line + "\n" for line in lines).encode("utf-8"))
+        return len(lines)
+
+
+def append_whole(path: Path, data: bytes) -> None:
+    """Append `data` in one write; if it fails part-way (a full disk), cut the file back to its old end."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        end = os.lseek(fd, 0, os.SEEK_END)
+        try:
+            view = memoryview(data)
+            while view:  # write() may return short on a full disk before it raises
+                view = view[os.write(fd, view):]
+        except OSError:
+            os.ftruncate(fd, end)
+            raise
+    finally:
+        os.close(fd)
+
+
+def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, row) for each line; a torn last line (a kill mid-append) is dropped with a warning, a bad line
+    elsewhere is an error naming the file and line."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    lines = text.splitlines()
+    out = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            out.append((line, json.loads(line)))
+        except ValueError as err:
+            if number == len(lines):
+                log.warning("%s: line %d is cut short (a write that was interrupted, e.g. a kill or a full disk); "
+                            "it is left out", path, number)
+                continue
+            raise ValueError(f"{path}: line {number} is not a JSON record ({err}); remove or fix that line") from None
+    return out
 
 
 def read_records(folder: Path, step: int | None = None) -> list[dict]:
     path = Path(folder) / RECORDS_FILE
     if not path.exists():
-        raise FileNotFoundError(f"no rollout records at {path}; enable them with RLTrainer(records=RolloutRecorder())")
-    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return [r for r in rows if step is None or r["step"] == step]
+        raise FileNotFoundError(f"no rollout records at {path}; RL stages record them unless RLTrainer(records=None)")
+    return [r for _, r in _parsed_lines(path) if step is None or r["step"] == step]
 
 
 def truncate_records(folder: Path, last_step: int) -> None:
-    """Drop records after `last_step` (a resumed run writes those steps again)."""
+    """Drop records after `last_step` (a resumed run writes those steps again), and a torn last line."""
     path = Path(folder) / RECORDS_FILE
     if not path.exists():
         return
-    keep = [line for line in path.read_text(encoding="utf-8").splitlines() if line and json.loads(line)["step"] <= last_step]
+    keep = [line for line, row in _parsed_lines(path) if row["step"] <= last_step]
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text("".join(line + "\n" for line in keep), encoding="utf-8")
     tmp.replace(path)

@@ -78,7 +78,9 @@ class RLTrainer:
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
         max_nonfinite_steps: PositiveInt = 3,  # consecutive steps with NaN/Inf gradients before stopping
-        records: RolloutRecorder | None = None,  # write rollouts to <stage dir>/rollouts.jsonl
+        # rollouts written to <stage dir>/rollouts.jsonl (`rlhf rollouts show|view`): a factory, the class or
+        # fdl.Partial(RolloutRecorder, max_groups_per_step=...); None: not recorded
+        records: Callable[[], RolloutRecorder] | None = RolloutRecorder,
         reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
         reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
         rollout_correction: RolloutCorrection | None = None,  # TIS / rejection (MIS) of the rollout-trainer mismatch
@@ -117,7 +119,7 @@ class RLTrainer:
         self.save_freq = save_freq
         self.keep_checkpoints = keep_checkpoints
         self.max_nonfinite_steps = max_nonfinite_steps
-        self.records = records
+        self.records = records() if records is not None else None
         self.reward_model = reward_model
         self.reward_model_weight = reward_model_weight
         self.rollout_correction = rollout_correction
@@ -127,6 +129,7 @@ class RLTrainer:
         self.seed = seed
         self._prompts = None  # the batch iterator of the current run
         self._data_position = None  # a streaming dataset's position, restored from a checkpoint
+        self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     # ---------------------------------------------------------------- loop
     def run(self, ctx: StageContext) -> dict:
@@ -146,7 +149,7 @@ class RLTrainer:
             range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
             desc=ctx.name, disable=not ctx.progress, mininterval=1.0,
         )
-        metrics: dict[str, float] = {}
+        metrics = self._metrics  # a run resumed at its last step reports that step's metrics
         bad_steps = 0
         for step in bar:
             metrics, batch = self.step(next(prompts), needs, step, more_prompts=lambda: next(prompts))
@@ -160,6 +163,7 @@ class RLTrainer:
             if self.evaluator is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
                 metrics.update(self.evaluator(self.policy))
             ctx.log(metrics, step)
+            self._metrics = metrics
             if self.records is not None:
                 self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch))
             if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
@@ -333,6 +337,7 @@ class RLTrainer:
         state = {
             "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None,
             "data_position": getattr(self._prompts, "position", None),  # streaming datasets only
+            "metrics": self._metrics,  # what the stage reports if it resumes here at its last step
         }
         return checkpoints.save(step, write_parts, state)
 
@@ -351,5 +356,6 @@ class RLTrainer:
         if self.kl_in_reward is not None and state.get("kl_in_reward") is not None:
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
         self._data_position = state.get("data_position")
+        self._metrics = dict(state.get("metrics") or {})
         truncate_records(ctx.out_dir, state["step"])
         return int(state["step"])

@@ -69,6 +69,7 @@ class SFTTrainer:
         self.save_freq = save_freq
         self.keep_checkpoints = keep_checkpoints
         self.seed = seed
+        self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     def run(self, ctx: StageContext) -> dict:
         checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
@@ -83,12 +84,13 @@ class SFTTrainer:
         batches = self.data.shuffled(self.batch_size, self.seed, start_step=start, bucketed=self.bucketed)
         bar = tqdm(range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
                    desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
-        metrics: dict[str, float] = {}
+        metrics = self._metrics  # a run resumed at its last step reports that step's metrics
         for step in bar:
             metrics = self.step(next(batches))
             if step == self.total_steps or (self.test_freq and step % self.test_freq == 0):
                 metrics.update(self.validate())
             ctx.log(metrics, step)
+            self._metrics = metrics
             if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
                 self.save(checkpoints, step)
             bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", refresh=False)
@@ -119,7 +121,8 @@ class SFTTrainer:
                 f"the policy weights are not finite at step {step}; refusing to write a checkpoint. "
                 f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
             )
-        return checkpoints.save(step, lambda folder: self.policy.save_state(str(folder / "policy")), {})
+        return checkpoints.save(step, lambda folder: self.policy.save_state(str(folder / "policy")),
+                                {"metrics": self._metrics})
 
     def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
         """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
@@ -127,4 +130,5 @@ class SFTTrainer:
         folder, state, skipped = checkpoints.resume(lambda f: self.policy.load_state(str(f / "policy")))
         if folder is not None or skipped:
             ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
+        self._metrics = dict(state.get("metrics") or {})
         return int(state["step"])

@@ -11,6 +11,7 @@ import torch
 from accelerate import Accelerator
 
 from rlhf.workers.fsdp import FSDP, Strategy, resolve_strategy  # noqa: F401 - the strategy's public home
+from rlhf.workers.fsdp import init_process_group_from_env
 
 __all__ = ["FSDP", "Strategy", "make_accelerator", "resolve_strategy"]
 
@@ -21,5 +22,10 @@ def make_accelerator() -> Accelerator:
     Precision is not Accelerate's business here: its `mixed_precision` only autocasts (no fp32
     masters for a model loaded in bf16) and under FSDP2 reduces gradients in bf16. The trainer
     autocasts itself (rlhf.workers.precision) and FSDP's policy reduces in float32.
+
+    The process group is initialised first, here (`init_process_group_from_env`): on GPUs Accelerate
+    would make it NCCL-only, and FSDP's CPU offload needs gloo beside NCCL (`process_group_backend`).
+    Accelerate then uses the group it finds.
     """
+    init_process_group_from_env()
     return Accelerator(cpu=not torch.cuda.is_available())

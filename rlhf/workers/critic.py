@@ -17,6 +17,11 @@ from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
+from rlhf.workers.memory import (
+    MemoryEstimate, Placement, Term, Workload, between_updates, dtype_bytes, estimate, forward_terms, micro_batch,
+    model_shape,
+    optimizer_step_terms, trained_model_terms, training_activation_terms,
+)
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup
@@ -41,7 +46,8 @@ def load_value_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Modu
 def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     """(B,T) values at the positions that predict each response token."""
     t = batch["responses"].shape[1]
-    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"])
+    out = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], position_ids=batch["position_ids"],
+                use_cache=False)  # else the forward keeps a KV cache of every layer that nothing reads
     return out.logits[:, -t - 1 : -1, 0].float() * batch["response_mask"]
 
 
@@ -66,6 +72,25 @@ class CriticWorker:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
         model = {"critic": lambda: value_model_source(arguments["model_path"], arguments["dtype"])}
         return describe_placement(arguments["training"].strategy, on_gpu, world_size, model)
+
+    @staticmethod
+    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+        """Peak memory of one rank per phase (rlhf.workers.memory): the value forward and the update over
+        whole rows (prompt + response; the value head is one number per token, no vocabulary)."""
+        training = arguments["training"]
+        shape, compute = model_shape(arguments["model_path"]), training.compute_dtype
+        device, host = trained_model_terms(shape, "value", placement, label="critic")
+        rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
+                                  training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
+        hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
+        phases = [("values (no grad)", between_updates(device) + forward_terms(shape, rows, width, compute, placement) + [hidden])]
+        mini = max(1, workload.rows // max(1, workload.mini_batches))
+        rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size, training.max_tokens_per_micro_batch)
+        backward = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing, placement)
+        step = optimizer_step_terms(shape, "value", placement)
+        worst = backward if sum(t.bytes for t in backward) >= sum(t.bytes for t in step) else step
+        phases.append(("update", device + worst))
+        return estimate("critic", phases, host)
 
     @staticmethod
     def preflight(arguments: dict) -> None:

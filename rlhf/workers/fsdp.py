@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable
 from typing import Literal
 
@@ -61,11 +62,31 @@ def strategy_name(strategy: Literal["ddp"] | FSDP) -> str:
     return "fsdp" if isinstance(strategy, FSDP) else strategy
 
 
+def process_group_backend(cuda: bool) -> str:
+    """The torch.distributed backend of every process group here: gloo on CPUs; on GPUs NCCL for CUDA
+    tensors AND gloo for CPU tensors (torchtitan's and verl's setting). Under FSDP with CPU offload the
+    shards, their gradients and the norm that clips them live on the host, so the gradient norm, the
+    weight gather for export and for a rollout engine's sync all run collectives on CPU tensors, which
+    an NCCL-only group (what Accelerate builds) cannot do."""
+    return "cpu:gloo,cuda:nccl" if cuda else "gloo"
+
+
+def init_process_group_from_env() -> bool:
+    """Initialise the default process group from torchrun's variables (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT: what RayRuntime sets in each actor) with `process_group_backend`,
+    before Accelerate would build an NCCL-only one; returns whether this call initialised it."""
+    if dist.is_initialized() or not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR"} <= os.environ.keys():
+        return False
+    dist.init_process_group(backend=process_group_backend(torch.cuda.is_available()))
+    return True
+
+
 def ensure_process_group() -> None:
-    """A process group for this process: the runtime's (Accelerate initialised it from RANK,
-    WORLD_SIZE, MASTER_ADDR...) or, where there is none, one of a single rank."""
+    """A process group for this process: the runtime's (initialised from RANK, WORLD_SIZE,
+    MASTER_ADDR... by `init_process_group_from_env`) or, where there is none, one of a single rank."""
     if not dist.is_initialized():
-        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend=process_group_backend(torch.cuda.is_available()), store=dist.HashStore(),
+                                rank=0, world_size=1)
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

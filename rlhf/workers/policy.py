@@ -1,8 +1,10 @@
 """The policy worker: actor, rollout engine and reference policy colocated in one process.
 
 This is the hybrid engine: the rollout engine generates with the actor's own weights, and the
-frozen reference policy sits beside it for KL terms. The transformers engine shares the actor's
-module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
+frozen reference policy sits beside it for KL terms. With a LoRA adapter on the actor and the
+reference being the actor's own base model, there is no second model: the reference is the
+actor with its adapter disabled (as TRL and verl do), which costs no memory. The transformers
+engine shares the actor's module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
 actor's weights streamed in before the first rollout after an update, and sleeps while the
 trainer runs (docs/rollout_engines.md). One instance runs per data-parallel rank;
 `ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation across ranks.
@@ -21,9 +23,10 @@ from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_
 from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
-from rlhf.models.loading import causal_lm_source, load_tokenizer, resolve_model_path
+from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path, same_model
+from rlhf.models.saving import make_portable, save_model_folder, save_tokenizer
 from rlhf.models.shared_prefix import response_logits
-from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
+from rlhf.rollout.engine import EngineFactory, SyncCheck, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.workers.fsdp import (
@@ -32,7 +35,12 @@ from rlhf.workers.fsdp import (
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.io.atomic import atomic_write_dir
-from rlhf.workers.lora import merged, save_adapter
+from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
+from rlhf.workers.memory import (
+    MemoryEstimate, Placement, Term, Workload, between_updates, estimate, forward_terms, frozen_model_terms,
+    generation_terms, logit_terms, micro_batch, model_shape, optimizer_step_terms, shared_prefix_forward_terms,
+    shared_prefix_training_terms, trained_model_terms, training_activation_terms,
+)
 from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 
@@ -87,6 +95,20 @@ def _response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) ->
         logits_to_keep=r + 1,
         use_cache=False,
     ).logits[:, :-1, :]
+
+
+SHARED_REFERENCE = "reference = the actor's base with its adapter disabled (no second copy: 0 MB)"
+
+
+def reference_is_base(adapter, ref_model_path, model_path) -> bool:
+    """Whether the reference policy is the adapted actor's own base model (then the actor with its adapter
+    disabled serves as the reference). Paths not known yet (an earlier stage's output) count as different."""
+    if adapter is None or not isinstance(ref_model_path, str) or not isinstance(model_path, str):
+        return False
+    try:
+        return same_model(ref_model_path, model_path)
+    except (OSError, ValueError):  # not there (yet): the preflight names it
+        return ref_model_path == model_path
 
 
 class RolloutGap:
@@ -144,7 +166,9 @@ class PolicyWorker:
         objective: Callable | None = None,  # PolicyObjective / SFTObjective; None: inference only
         optimizer: OptimizerFactory = torch.optim.AdamW,  # called with the parameters
         lr_scheduler: SchedulerFactory | None = None,  # called with the optimizer; stepped per optimizer step
-        ref_model_path: str | None = None,  # frozen reference policy for KL; None: no reference
+        # frozen reference policy for KL; None: no reference. With an `adapter`, the same model as
+        # model_path is not loaded again: the reference is the actor with its adapter disabled
+        ref_model_path: str | None = None,
         # the rollout engine (rlhf.rollout.engine): HFEngine shares the actor's module; others
         # (VLLMEngine) are built from model_path and get the actor's weights after each update
         engine: EngineFactory = HFEngine,
@@ -154,7 +178,7 @@ class PolicyWorker:
         # LM head applied inside the log-prob function, which recomputes the logits in backward on GPUs (memory
         # first) and keeps them once on CPUs (compute first); None: on wherever the head is a plain Linear
         fused_lm_head: bool | None = None,
-        adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(r=8): train only an adapter
+        adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
     ):
         compute_dtype = training.compute_dtype
@@ -175,14 +199,19 @@ class PolicyWorker:
             lr_scheduler,
             prefix="actor",
         )
+        self.base_model = model_reference(model_path)  # what a saved adapter names as its base
+        if adapter is not None:  # (FSDP builds the module without a path, so PEFT could not know it)
+            set_base_model(self.trainer.unwrapped(), self.base_model)
         self.ref_model = None
-        if ref_model_path is not None:
+        self.ref_is_base = reference_is_base(adapter, ref_model_path, model_path)
+        if ref_model_path is not None and not self.ref_is_base:
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
             self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype)
             self.ref_model.eval().requires_grad_(False)
         self.engine = for_policy(engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
         self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
+        self._sync_unchecked_warned = False
         # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
         # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
         fsdp = isinstance(self.trainer.strategy, FSDP)
@@ -208,15 +237,101 @@ class PolicyWorker:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
         training = arguments["training"]
         models = {"actor": lambda: causal_lm_source(arguments["model_path"], arguments["dtype"])}
-        if arguments.get("ref_model_path") is not None:
+        ref_is_base = reference_is_base(arguments.get("adapter"), arguments.get("ref_model_path"),
+                                        arguments["model_path"])
+        if arguments.get("ref_model_path") is not None and not ref_is_base:
             models["reference"] = lambda: causal_lm_source(arguments["ref_model_path"], training.compute_dtype)
-        return describe_placement(training.strategy, on_gpu, world_size, models)
+        line = describe_placement(training.strategy, on_gpu, world_size, models)
+        return line + (f", {SHARED_REFERENCE}" if ref_is_base else "")
 
     def _log_placement(self) -> None:
         """Each rank says what it holds (under FSDP: its shards)."""
         held = ", ".join(f"{k} {b / 2**20:.3f} MB" for k, b in self.parameter_bytes().items())
+        if self.ref_is_base:
+            held += f", {SHARED_REFERENCE}"
         print(f"[policy rank {self.trainer.rank}/{self.trainer.world_size}] strategy "
-              f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}", flush=True)
+              f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}; rollout engine "
+              f"{type(self.engine).__name__} "
+              f"({'sharing the actor' if getattr(self.engine, 'shares_weights', False) else 'own weights'})",
+              flush=True)
+
+    @staticmethod
+    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+        """Peak memory of one rank per phase of a step, from the model config and these settings alone
+        (rlhf.workers.memory). `arguments`: this class's arguments with `training` and `engine` built;
+        `model_path`/`ref_model_path` may be `ModelShape`s instead of paths (tests, `rlhf plan --memory`)."""
+        training = arguments["training"]
+        shape = model_shape(arguments["model_path"])
+        compute, trained = training.compute_dtype, arguments.get("objective") is not None
+        on_gpu = placement.device == "cuda"
+        adapter = arguments.get("adapter") is not None
+        head = "lm"
+        if trained:
+            states = trained_model_terms(shape, head, placement, optimizer_states=0 if adapter else 2, label="actor")
+            device, host = states
+            if adapter:  # an adapter's gradients and optimizer state are a small fraction of the base
+                device = [t for t in device if "gradients" not in t.name and "DDP" not in t.name]
+        else:
+            device = frozen_model_terms(shape, head, arguments["dtype"], placement, "actor")
+            host = []
+        ref = arguments.get("ref_model_path")
+        shared_ref = adapter and (ref is arguments["model_path"]
+                                  or reference_is_base(arguments.get("adapter"), ref, arguments["model_path"]))
+        if ref is not None and not shared_ref:  # a LoRA reference that is the actor's base costs nothing
+            device += frozen_model_terms(model_shape(ref), head, compute, placement, "reference")
+        engine = arguments.get("engine")
+        options = getattr(engine, "keywords", {}) or {}
+        engine_cls = getattr(engine, "func", engine)
+        shares = getattr(engine_cls, "sharing", None) is not None
+        vllm_share: list[Term] = []
+        if not shares and workload.generate:
+            share = options.get("gpu_memory_utilization") or (0.5 if on_gpu else 0.05)
+            vllm_share = [Term(f"vLLM share ({share:g} of the device)", share * (placement.device_bytes or 0))]
+            if not on_gpu:  # vLLM's CPU build cannot sleep: its share stays through the update
+                device = device + vllm_share
+        fsdp = placement.fsdp
+        shared_prefix = arguments.get("shared_prefix")
+        if shared_prefix is None:
+            shared_prefix = not fsdp and not training.gradient_checkpointing
+        fused = arguments.get("fused_lm_head")
+        fused = True if fused is None else fused  # where the head allows it (a config alone cannot tell)
+        blocks = arguments.get("logits_block_elements")
+        p, r, n = workload.prompt_tokens, workload.response_tokens, workload.n
+        phases = []
+        if workload.generate:
+            if shares:
+                per_call = options.get("max_rows_per_call")
+                rows = workload.rows if per_call is None else min(workload.rows, max(n, per_call // n * n))
+                # gradient checkpointing hooks the layers, so decoding falls back to the model's own forward
+                lean = not training.gradient_checkpointing
+                gen = generation_terms(shape, rows, max(1, rows // n), p, r, compute, arguments["dtype"], placement,
+                                       lean=lean)
+            else:
+                gen = vllm_share if on_gpu else []
+            phases.append(("generation", between_updates(device) + gen))
+        rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
+                                  training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
+        prompts = max(1, rows // n)
+        if shared_prefix and n > 1:
+            fwd = shared_prefix_forward_terms(shape, rows, prompts, p, r, compute)
+        else:
+            fwd = forward_terms(shape, rows, width, compute, placement)
+        phases.append(("log-probs (no grad)", between_updates(device) + fwd + logit_terms(shape, rows, r, compute, fused, False,
+                                                                         placement.device, blocks)))
+        if trained:
+            mini = max(1, workload.rows // max(1, workload.mini_batches))
+            rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size,
+                                      training.max_tokens_per_micro_batch)
+            if shared_prefix and n > 1:
+                acts = shared_prefix_training_terms(shape, rows, max(1, rows // n), p, r, compute)
+            else:
+                acts = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing,
+                                                 placement)
+            backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device, blocks)
+            step = optimizer_step_terms(shape, head, placement)
+            worst = backward if sum(t.bytes for t in backward) >= sum(t.bytes for t in step) else step
+            phases.append(("update", device + worst))
+        return estimate("policy", phases, host)
 
     @staticmethod
     def preflight(arguments: dict) -> None:
@@ -252,12 +367,27 @@ class PolicyWorker:
             self.engine.wake_up()
             return
         self.engine.wake_up(["weights"])
+        if getattr(self.engine, "shares_weights", False):  # the actor's own module: nothing to send
+            self.engine.wake_up(["kv_cache"])
+            self._engine_stale = False
+            return
         actor = self.trainer.unwrapped()
-        if self.adapter is not None and not getattr(self.engine, "shares_weights", False):
+        if self.adapter is not None:
             actor = merged(actor)  # the engine holds plain weights: W + alpha/r B A
-        self.engine.update_weights(named_weights(actor))  # a sharing engine consumes nothing
+        check = SyncCheck()
+        self.engine.update_weights(check.tap(named_weights(actor)))
         self.engine.wake_up(["kv_cache"])
+        self._check_sync(check)
         self._engine_stale = False
+
+    def _check_sync(self, check: SyncCheck) -> None:
+        """What the engine holds now must be what it was sent (WeightSyncError otherwise); an engine
+        that cannot say (no `weight_digests`, or no tensor under its Hugging Face name) is warned about once."""
+        compared = check.verify(self.engine) if hasattr(self.engine, "weight_digests") else 0
+        if compared == 0 and not self._sync_unchecked_warned:
+            self._sync_unchecked_warned = True
+            print(f"[policy rank {self.trainer.rank}] warning: {type(self.engine).__name__} cannot show which "
+                  "weights it holds (weight_digests), so its weight syncs are not verified", flush=True)
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
@@ -303,6 +433,13 @@ class PolicyWorker:
     @shard
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """`ref_log_probs` (B,T) under the frozen reference policy."""
+        return self._ref_log_probs(batch)
+
+    def _ref_log_probs(self, batch: Batch) -> Batch:
+        if self.ref_is_base:  # the actor's frozen base: the same weights, without the adapter's update
+            self.trainer.model.eval()
+            with self.trainer.unwrapped().disable_adapter():
+                return self._log_probs_batched(self.trainer.model, batch, "ref_log_probs")
         if self.ref_model is None:
             raise RuntimeError(
                 "compute_ref_log_probs was called but this policy worker has no reference model; "
@@ -319,7 +456,7 @@ class PolicyWorker:
         start = time.perf_counter()
         ref_seconds = 0.0
         if getattr(self.objective, "needs_ref", False) and "ref_log_probs" not in batch:
-            batch = batch.union(self._log_probs_batched(self.ref_model, batch, "ref_log_probs"))  # see requirements
+            batch = batch.union(self._ref_log_probs(batch))  # see requirements
             ref_seconds = time.perf_counter() - start
         temperature = batch.require_meta("temperature", "PolicyWorker.update")
         entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
@@ -369,7 +506,8 @@ class PolicyWorker:
         """Write a Hugging Face model folder (weights + tokenizer) atomically; returns the path.
 
         With an adapter, the folder holds the merged model (so RL stages start from it
-        unchanged) and `<path>-adapter` holds the adapter alone.
+        unchanged) and `<path>-adapter` holds the adapter alone (with the tokenizer; its config
+        names the base model), which `rlhf serve`, `generate` and `export` also take.
         """
         if self.adapter is None:
             return self.trainer.save_pretrained(path, self.tokenizer)
@@ -382,21 +520,27 @@ class PolicyWorker:
             model = unsharded_copy(model, state, lambda: self.adapter(AutoModelForCausalLM.from_config(config))) \
                 if main else None
         if main:
-            save_adapter(model, f"{path}-adapter")
-            atomic_write_dir(path, lambda tmp: (merged(model).save_pretrained(tmp), self.tokenizer.save_pretrained(tmp)))
+            set_base_model(model, self.base_model)
+            save_adapter(model, f"{path}-adapter", self.tokenizer)
+            atomic_write_dir(path, lambda tmp: save_model_folder(tmp, merged(model), self.tokenizer))
         self.trainer.accelerator.wait_for_everyone()
         return path
 
     @on_all_ranks
     def save_state(self, path: str) -> None:
-        """Everything needed to resume exactly (weights, optimizer, LR schedule, RNG states),
-        plus the model config and tokenizer in `hf/`, so `rlhf export` can rebuild the model."""
+        """Everything needed to resume exactly (trained weights, optimizer, LR schedule, RNG states),
+        plus the model config and tokenizer in `hf/`, so `rlhf export` can rebuild the model; with an
+        adapter, only the adapter's weights are saved (the base comes from the model path) and `hf/`
+        holds `adapter_config.json` too, naming the base model."""
         self.trainer.save_state(path)
         if self.trainer.accelerator.is_main_process:
             model = self.trainer.unwrapped()
             model.config.save_pretrained(f"{path}/hf")
             model.generation_config.save_pretrained(f"{path}/hf")
-            self.tokenizer.save_pretrained(f"{path}/hf")
+            save_tokenizer(self.tokenizer, f"{path}/hf")
+            if self.adapter is not None:
+                save_adapter_config(model, f"{path}/hf")
+            make_portable(f"{path}/hf")
         self.trainer.accelerator.wait_for_everyone()
 
     @on_all_ranks
@@ -406,9 +550,11 @@ class PolicyWorker:
 
     @on_all_ranks
     def parameter_bytes(self) -> dict[str, int]:
-        """Bytes of parameters this rank holds, per model (under FSDP: its shards)."""
+        """Bytes of parameters this rank holds, per model (under FSDP: its shards); a reference that is
+        the actor's base with the adapter disabled holds none of its own."""
         models = {"actor": self.trainer.model} | ({"reference": self.ref_model} if self.ref_model is not None else {})
-        return {name: local_parameter_bytes(model) for name, model in models.items()}
+        held = {name: local_parameter_bytes(model) for name, model in models.items()}
+        return held | ({"reference": 0} if self.ref_is_base else {})
 
     @on_all_ranks
     def weights_finite(self) -> bool:

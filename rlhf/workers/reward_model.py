@@ -24,6 +24,9 @@ from rlhf.ranges import PositiveInt
 from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
+from rlhf.workers.memory import (
+    MemoryEstimate, Placement, Term, Workload, dtype_bytes, estimate, forward_terms, frozen_model_terms, model_shape,
+)
 from rlhf.workers.dispatch import shard
 from rlhf.workers.training import ModelTrainer, TrainingSetup
 
@@ -98,6 +101,20 @@ class RewardModelWorker:
         return describe_placement(training.strategy, on_gpu, world_size, model)
 
     @staticmethod
+    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+        """Peak memory of one rank (rlhf.workers.memory): the frozen model in the compute dtype and one
+        scoring forward of `micro_batch_size` conversations of prompt + response tokens (the template adds
+        a few; at most `max_length`)."""
+        training = arguments["training"]
+        shape, compute = model_shape(arguments["model_path"]), training.compute_dtype
+        device = frozen_model_terms(shape, "score", compute, placement, "reward model")
+        rows = min(training.micro_batch_size, max(1, workload.rows))
+        width = min(arguments.get("max_length") or workload.tokens, workload.tokens + 32)
+        hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
+        return estimate("reward_model", [("score (no grad)", device + forward_terms(shape, rows, width, compute,
+                                                                                    placement) + [hidden])])
+
+    @staticmethod
     def preflight(arguments: dict) -> None:
         """Before any stage runs: the model (and tokenizer) paths must resolve."""
         for key in ("model_path", "tokenizer_path"):
@@ -133,6 +150,7 @@ class RewardModelWorker:
                 input_ids=input_ids.to(self.trainer.device),
                 attention_mask=mask.to(self.trainer.device),
                 position_ids=position_ids(mask).to(self.trainer.device),
+                use_cache=False,  # else the forward keeps a KV cache of every layer that nothing reads
             )
             parts.append(out.logits[:, 0].float().cpu())
         return torch.cat(parts) if parts else torch.zeros(0)

@@ -9,6 +9,10 @@ A worker's state folder (the driver's checkpoint folder gives its path, e.g. `st
     rng/rank_<rank>.pt                      every rank's RNG states: python, numpy, torch CPU, CUDA
 
 Nothing is gathered: a 7B policy's checkpoint costs each rank its shard of I/O, not a full copy.
+Only what a resume cannot get elsewhere is written: a trained model's frozen parameters (the base
+model under a LoRA adapter) come from its model path again when the worker is rebuilt, so they
+are left out, and a tied weight (`lm_head.weight` = `model.embed_tokens.weight`) is written once,
+under its first name. The frozen reference policy is never part of a checkpoint.
 `torch.distributed.checkpoint.state_dict.get_state_dict / set_state_dict` give the same
 fully-qualified names whatever the wrapper, so a checkpoint written under DDP resumes under
 FSDP and back, and at another world size (the model and optimizer are resharded on load; RNG
@@ -51,6 +55,34 @@ class CheckpointFormatError(RuntimeError):
     (rlhf.trainers.checkpoint lets it through instead of falling back)."""
 
 
+class CheckpointIOError(RuntimeError):
+    """torch.distributed.checkpoint could not write or read a checkpoint; the message names the folder and each
+    rank's cause (e.g. `OSError: [Errno 28] No space left on device`), the first cause is `__cause__`'s.
+
+    DCP raises `CheckpointException`, which derives from `BaseException`: every `except Exception` (the
+    checkpoint fallback, a disk-full report, `rlhf export`) would let it through as a crash. `_dcp_errors`
+    turns it into this exception where DCP is called.
+    """
+
+
+@contextlib.contextmanager
+def _dcp_errors(action: str, folder: Path):
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as err:
+        causes = {rank: exc for rank, (exc, _) in err.failures.items()}
+        lines = [f"rank {rank}: {type(exc).__name__}: {_first_line(exc)}" for rank, exc in sorted(causes.items())]
+        first = next(iter(causes.values()), None)
+        raise CheckpointIOError(f"{action} {folder} failed ({'; '.join(lines) or err})") from (first or err)
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return text[0][:300] if text else ""
+
+
 def is_dcp_state(folder: str | Path) -> bool:
     return (Path(folder) / DCP_DIR / ".metadata").is_file()
 
@@ -84,11 +116,24 @@ def _inner(optimizer: torch.optim.Optimizer | None) -> torch.optim.Optimizer | N
     return getattr(optimizer, "optimizer", optimizer)
 
 
+def saved_keys(model: nn.Module, trained: bool) -> set[str]:
+    """The model-state keys a checkpoint holds: every parameter once (a tied weight under its first
+    name) and the buffers; of a `trained` model only the trainable parameters (its frozen ones, a
+    LoRA adapter's base model, are rebuilt from the model path)."""
+    keys = {name for name, p in model.named_parameters() if p.requires_grad or not trained}
+    return keys | {name for name, _ in model.named_buffers()}
+
+
+def _kept(state: dict[str, Any], keys: set[str]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if k in keys}
+
+
 def save_state(
     folder: str | Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
     scheduler: torch.optim.lr_scheduler.LRScheduler | None = None,
 ) -> None:
-    """Write `model` (and `optimizer`, `scheduler`, this rank's RNG states) to `folder`.
+    """Write `model` (and `optimizer`, `scheduler`, this rank's RNG states) to `folder`; with an
+    optimizer, only the trainable parameters (`saved_keys`).
 
     Every rank of the default process group must call it (without one: a single process).
     """
@@ -98,8 +143,9 @@ def save_state(
     folder = Path(folder)
     rank = _rank()
     optim = _inner(optimizer)
+    keys = saved_keys(model, trained=optim is not None)
     if optim is None:
-        state: dict[str, Any] = {"model": get_model_state_dict(model)}
+        state: dict[str, Any] = {"model": _kept(get_model_state_dict(model), keys)}
     else:
         # DCP fills an empty optimizer state by a zero-lr step (Adam's step count becomes 1);
         # the state of an optimizer that never stepped is then not saved, so resume starts it empty too.
@@ -107,9 +153,9 @@ def save_state(
         model_state, optim_state = get_state_dict(model, optim)
         if not stepped:
             optim.state.clear()
-        state = {"model": model_state, "optimizer": optim_state}
+        state = {"model": _kept(model_state, keys), "optimizer": optim_state}
     folder.mkdir(parents=True, exist_ok=True)
-    with _quiet_single_process():
+    with _quiet_single_process(), _dcp_errors("writing", folder / DCP_DIR):
         save(state, checkpoint_id=str(folder / DCP_DIR))
     (folder / RNG_DIR).mkdir(exist_ok=True)
     torch.save(rng_state(), folder / RNG_DIR / f"rank_{rank:05d}.pt")
@@ -128,7 +174,7 @@ def load_state(
     `scheduler`, and this rank's RNG states. Every rank must call it."""
     from torch.distributed.checkpoint import load
     from torch.distributed.checkpoint.state_dict import (
-        get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
+        StateDictOptions, get_model_state_dict, get_state_dict, set_model_state_dict, set_state_dict,
     )
 
     folder = Path(folder)
@@ -136,17 +182,20 @@ def load_state(
         raise FileNotFoundError(f"{folder} holds no sharded checkpoint ({DCP_DIR}/.metadata is missing)")
     extra = torch.load(folder / SCHEDULER_FILE, weights_only=True)
     optim = _inner(optimizer)
+    keys = saved_keys(model, trained=optim is not None)
+    partial = StateDictOptions(strict=False)  # what is not read (frozen, tied) stays as built
     if optim is None:
-        state: dict[str, Any] = {"model": get_model_state_dict(model)}
-        with _quiet_single_process():
+        state: dict[str, Any] = {"model": _kept(get_model_state_dict(model), keys)}
+        with _quiet_single_process(), _dcp_errors("reading", folder / DCP_DIR):
             load(state, checkpoint_id=str(folder / DCP_DIR))
-        set_model_state_dict(model, state["model"])
+        set_model_state_dict(model, state["model"], options=partial)
     else:
         model_state, optim_state = get_state_dict(model, optim)  # the shapes and shards to read into
-        state = {"model": model_state, "optimizer": optim_state}
-        with _quiet_single_process():
+        state = {"model": _kept(model_state, keys), "optimizer": optim_state}
+        with _quiet_single_process(), _dcp_errors("reading", folder / DCP_DIR):
             load(state, checkpoint_id=str(folder / DCP_DIR))
-        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+        set_state_dict(model, optim, model_state_dict=state["model"], optim_state_dict=state["optimizer"],
+                       options=partial)
         if not extra["optimizer_stepped"]:
             optim.state.clear()
     if scheduler is not None:
@@ -190,14 +239,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
 
 
 def read_model_state(folder: str | Path, model: nn.Module) -> None:
-    """Load the model weights of a DCP state folder into an unsharded `model`, in this process alone
-    (no process group: `rlhf export` on a machine without the training's ranks)."""
+    """Load the weights of a DCP state folder into an unsharded `model`, in this process alone (no
+    process group: `rlhf export` on a machine without the training's ranks). What is read is
+    `saved_keys(model, trained=True)`: give a LoRA checkpoint's `model` its base weights and a fresh
+    adapter, and the adapter is read; a tied weight is read once and stays tied."""
     from torch.distributed.checkpoint import load
 
-    state = {"model": model.state_dict()}
-    with _quiet_single_process():
+    keys = saved_keys(model, trained=True)
+    state = {"model": _kept(model.state_dict(), keys)}
+    with _quiet_single_process(), _dcp_errors("reading", Path(folder) / DCP_DIR):
         load(state, checkpoint_id=str(Path(folder) / DCP_DIR), no_dist=True)
-    model.load_state_dict(state["model"])
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    if unexpected or keys & set(missing):
+        raise KeyError(f"{folder}: the checkpoint's weights do not fit the model (missing {sorted(keys & set(missing))[:5]}, "
+                       f"unexpected {sorted(unexpected)[:5]})")
 
 
 def unsharded_copy(

@@ -20,7 +20,6 @@ import inspect
 import math
 from collections import defaultdict
 from collections.abc import Callable
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -28,6 +27,7 @@ import torch
 from rlhf.batch import Batch
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.models.loading import ModelSource
+from rlhf.models.saving import save_model_folder
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.workers import state_io
 from rlhf.workers.accelerator import make_accelerator
@@ -71,7 +71,10 @@ class TrainingSetup:
         self, model: torch.nn.Module | ModelSource, optimizer: OptimizerFactory | None,
         lr_scheduler: SchedulerFactory | None = None, prefix: str = "actor",
     ) -> ModelTrainer:
-        """A `ModelTrainer` with these settings, after seeding torch with `seed + rank`."""
+        """A `ModelTrainer` with these settings. Torch is seeded with `seed` before the model is built
+        (what it initialises afresh, a LoRA adapter or a value head, starts the same in every run and on
+        every rank) and with `seed + rank` after (sampling, dropout)."""
+        torch.manual_seed(self.seed)
         trainer = ModelTrainer(
             model, optimizer, lr_scheduler, strategy=self.strategy, micro_batch_size=self.micro_batch_size,
             mini_batches=self.mini_batches, epochs=self.epochs, grad_clip=self.grad_clip, prefix=prefix,
@@ -262,7 +265,7 @@ class ModelTrainer:
         self.accelerator.wait_for_everyone()
         state = self.full_state_dict()
         if self.accelerator.is_main_process:
-            atomic_write_dir(path, lambda tmp: _save_hf(self.unwrapped(), state, tokenizer, tmp))
+            atomic_write_dir(path, lambda tmp: save_model_folder(tmp, self.unwrapped(), tokenizer, state))
         self.accelerator.wait_for_everyone()
         return path
 
@@ -356,12 +359,6 @@ def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     else:
         raise ValueError(f"gradient_checkpointing=True needs a Hugging Face model; got {type(model).__name__}")
-
-
-def _save_hf(model: torch.nn.Module, state: dict, tokenizer, folder: Path) -> None:
-    model.save_pretrained(folder, state_dict=state)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(folder)
 
 
 def _to_floats(values: list[Metric]) -> list[float]:

@@ -45,3 +45,17 @@ def test_set_path_on_list_index():
     g = {"items": [1, 2]}
     set_path(g, "items[1]", 5)
     assert g["items"] == [1, 5]
+
+
+def test_a_config_after_other_commands_is_refused_not_silently_applied():
+    """`config:` builds the graph afresh: placed after other commands it used to drop them without a word
+    (and the preflight then asked for the cpu.gin the command line had passed)."""
+    with pytest.raises(OverrideError) as err:
+        build("fiddler:tiny(lr=0.75)", "set:stages.grpo.lr=0.5", "config:base(steps=3)")
+    message = str(err.value)
+    assert "'config:base(steps=3)' builds the graph from scratch" in message
+    assert "the commands before it ('fiddler:tiny(lr=0.75)', 'set:stages.grpo.lr=0.5') would be dropped" in message
+    assert message.endswith("--config 'config:base(steps=3)' --config 'fiddler:tiny(lr=0.75)' "
+                            "--config set:stages.grpo.lr=0.5")
+    g, _ = build("config:base(steps=3)", "fiddler:tiny(lr=0.75)", "set:stages.grpo.lr=0.5")  # the order it gives
+    assert g.stages["sft"].total_steps == 3 and g.stages["grpo"].lr == 0.5

@@ -4,19 +4,27 @@ Each case is `--config fiddler:NAME --config fiddler:smoke --config fiddler:loca
 in-process API, RL stage only: the SFT stage runs once for the module and its checkpoint is given
 to every RL stage (`resolve_stage_outputs`, what the runner does between stages). The checks read
 the last step's metrics and the recorded rollouts (scores and first-token advantages per sample),
-and recompute what the feature must have done to them.
+and recompute what the feature must have done to them. For the policy losses they also read the
+weights before and after step 1 (the SFT checkpoint, the step-1 checkpoint) and require the
+update to have raised the log-probability of the samples with positive advantage relative to the
+others, as every policy-gradient loss must.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections import defaultdict
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
 
 import rlhf_configs.common as common
+from rlhf.models.loading import load_tokenizer
 from rlhf.runtime.experiment import resolve_stage_outputs, run_experiment
+from rlhf.trainers.export import export_checkpoint
 from rlhf.trainers.records import read_records
 
 from test_arithmetic_tiny import load_experiment
@@ -42,15 +50,35 @@ def sft_checkpoint(tmp_path_factory) -> str:
     return run_experiment(graph)["sft"]["checkpoint"]
 
 
-def run_rl(name: str, sft_checkpoint: str, tmp_path: Path) -> tuple[dict, dict[str, list[dict]]]:
-    """The RL stage with fiddler `name`: its last metrics, and step 2's recorded rows by prompt uid."""
-    graph = graph_for(tmp_path, *([name] if name != "grpo" else []))
-    graph.stages = {"grpo": resolve_stage_outputs(graph.stages["grpo"], {"sft": {"checkpoint": sft_checkpoint}}, "grpo")}
-    result = run_experiment(graph)["grpo"]
-    groups = defaultdict(list)
-    for row in read_records(Path(result["checkpoint"]).parent, step=2):
-        groups[row["uid"]].append(row)
-    return result["metrics"], dict(groups)
+@dataclasses.dataclass
+class Run:
+    metrics: dict  # the last step's
+    folder: Path  # the RL stage's folder: rollouts.jsonl, checkpoints/step_*
+
+    def groups(self, step: int) -> dict[str, list[dict]]:
+        """The step's recorded rows by prompt uid."""
+        groups = defaultdict(list)
+        for row in read_records(self.folder, step=step):
+            groups[row["uid"]].append(row)
+        return dict(groups)
+
+
+@pytest.fixture(scope="module")
+def runs(sft_checkpoint, tmp_path_factory):
+    """`runs(name)`: the RL stage with fiddler `name` (run once per module, a checkpoint after every step)."""
+    done: dict[str, Run] = {}
+
+    def get(name: str) -> Run:
+        if name not in done:
+            graph = graph_for(tmp_path_factory.mktemp(name), *([name] if name != "grpo" else []))
+            stage = resolve_stage_outputs(graph.stages["grpo"], {"sft": {"checkpoint": sft_checkpoint}}, "grpo")
+            stage.save_freq = 1
+            graph.stages = {"grpo": stage}
+            result = run_experiment(graph)["grpo"]
+            done[name] = Run(result["metrics"], Path(result["checkpoint"]).parent)
+        return done[name]
+
+    return get
 
 
 def scores(rows):
@@ -138,6 +166,8 @@ def check_optimal_token_baseline(metrics, groups):
 def check_ppo(metrics, groups):
     assert {"critic/vf_loss", "critic/values/mean", "critic/vf_explained_var"} <= metrics.keys()
     assert all(len(rows) == 1 for rows in groups.values())  # one sample per prompt
+    # after the critic's warm-up (step 1) the actor trains too: a real policy-gradient step
+    assert metrics["actor/grad_norm"] > 0 and "actor/pg_loss" in metrics
 
 
 # -------------------------------------------------------- DAPO and trainer features
@@ -214,6 +244,48 @@ def test_every_algorithm_fiddler_has_a_check():
 
 
 @pytest.mark.parametrize("name", sorted(CHECKS))
-def test_fiddler_does_what_it_is_for(name, sft_checkpoint, tmp_path):
-    metrics, groups = run_rl(name, sft_checkpoint, tmp_path)
-    CHECKS[name](metrics, groups)
+def test_fiddler_does_what_it_is_for(name, runs):
+    run = runs(name)
+    CHECKS[name](run.metrics, run.groups(step=2))
+
+
+def response_ids(tokenizer, row: dict) -> list[int] | None:
+    """The recorded prompt + response as token ids (byte-level: exact, with the EOS the decoded text
+    lost when the recorded length says it was there); None where the text is not exact (bytes that
+    are not UTF-8 were decoded to U+FFFD)."""
+    if "\ufffd" in row["response"]:
+        return None
+    response = tokenizer(row["response"], add_special_tokens=False)["input_ids"]
+    if len(response) + 1 == row["response_length"]:
+        response.append(tokenizer.eos_token_id)
+    return response if len(response) == row["response_length"] else None
+
+
+def response_log_prob(model, tokenizer, row: dict, response: list[int]) -> float:
+    """Mean log-prob of a recorded response under `model`."""
+    prompt = tokenizer(row["prompt"], add_special_tokens=False)["input_ids"]
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    return float(torch.log_softmax(logits, -1).gather(-1, ids[0, len(prompt):, None]).mean())
+
+
+@pytest.mark.parametrize("name", ["grpo", "gspo", "sapo", "cispo", "gmpo"])
+def test_the_loss_moves_the_policy_the_way_the_advantages_point(name, runs, sft_checkpoint, tmp_path):
+    """Step 1 (two mini-batches: the second one off-policy, where the losses differ) must raise the mean
+    log-prob of samples with A > 0 relative to those with A < 0: sum_i A_i (log pi_1 - log pi_0)(y_i) > 0."""
+    run = runs(name)
+    after_step_1 = export_checkpoint(str(run.folder / "checkpoints" / "step_00000001"), str(tmp_path / "step1"))
+    before = AutoModelForCausalLM.from_pretrained(sft_checkpoint).eval()
+    after = AutoModelForCausalLM.from_pretrained(after_step_1).eval()
+    tokenizer = load_tokenizer(sft_checkpoint)
+    rows = [(r, ids) for rows in run.groups(step=1).values() for r in rows
+            if r["advantage"] != 0 and (ids := response_ids(tokenizer, r)) is not None]
+    assert len(rows) >= 8, "too few samples with an advantage: the check would be vacuous"
+    moved = [response_log_prob(after, tokenizer, r, ids) - response_log_prob(before, tokenizer, r, ids)
+             for r, ids in rows]
+    rows = [r for r, _ in rows]
+    advantages = [r["advantage"] for r in rows]
+    up = statistics.mean(m for m, a in zip(moved, advantages) if a > 0)
+    down = statistics.mean(m for m, a in zip(moved, advantages) if a < 0)
+    assert sum(a * m for a, m in zip(advantages, moved)) > 0 and up > down, (up, down)

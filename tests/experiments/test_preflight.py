@@ -64,3 +64,23 @@ def test_unknown_field_exits_with_did_you_mean():
     with pytest.raises(SystemExit) as err:
         run_cli(load("arithmetic_tiny"), ["--config", "set:stages.grpo.total_stepz=3"])
     assert "Did you mean 'total_steps'?" in str(err.value)
+
+
+def test_an_unknown_data_source_fails_before_any_model_loads(tmp_path, monkeypatch):
+    """Training rows of a data_source the reward has no scorer for: it used to be a raw traceback after the
+    models loaded (the trainer checks when it is built)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    module = load("qwen_gsm8k")
+    row = {"data_source": "mystery/source", "prompt": [{"role": "user", "content": "1+1?"}],
+           "reward_model": {"style": "rule", "ground_truth": "2"}}
+    (tmp_path / "train.jsonl").write_text(json.dumps(row) + "\n")
+    graph = module.base(data_dir=str(tmp_path))
+    module.tiny(graph)
+    graph.output_dir = str(tmp_path / "out")
+    graph.stages["grpo"].train_data.rows = fdl.Config(load_rows, path=str(tmp_path / "train.jsonl"))
+    with pytest.raises(PreflightError) as err:
+        run_experiment(graph)
+    message = str(err.value)
+    assert "stages.grpo.train_data: no reward scorer for data_source 'mystery/source'" in message
+    assert "Fix: add the missing source" in message
+    assert not (tmp_path / "out").exists()  # nothing started

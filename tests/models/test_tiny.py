@@ -1,5 +1,7 @@
 """The tiny local model and its byte-level Qwen2 tokenizer survive a save/load round trip."""
 
+import re
+
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -27,7 +29,32 @@ def test_tokenizer_specials_padding_and_chat_template():
 def test_build_is_idempotent_and_deterministic(tmp_path):
     a = tiny_qwen2(str(tmp_path / "a"), hidden_size=16, num_layers=1, intermediate_size=32, seed=3)
     b = tiny_qwen2(str(tmp_path / "b"), hidden_size=16, num_layers=1, intermediate_size=32, seed=3)
-    assert tiny_qwen2(a, hidden_size=999) == a  # an existing folder is reused as is
+    assert tiny_qwen2(a, hidden_size=16, num_layers=1, intermediate_size=32, seed=3) == a  # reused as is
     ma, mb = (AutoModelForCausalLM.from_pretrained(p) for p in (a, b))
     for (ka, va), (kb, vb) in zip(ma.state_dict().items(), mb.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
+
+
+def test_an_existing_folder_built_with_other_settings_is_refused(tmp_path):
+    """The graph would say one model while another trains: refused (also before anything starts), never reused."""
+    import pytest
+
+    path = tiny_qwen2(str(tmp_path / "m"), hidden_size=16, num_layers=1, intermediate_size=32)
+    for kwargs, named in [({"hidden_size": 32}, "hidden_size=16 (asked: 32)"), ({"seed": 1}, "seed=0 (asked: 1)")]:
+        settings = {"hidden_size": 16, "num_layers": 1, "intermediate_size": 32, **kwargs}
+        with pytest.raises(ValueError, match=re.escape(named)):
+            tiny_qwen2(path, **settings)
+        with pytest.raises(ValueError, match="delete the folder to rebuild it"):
+            tiny_qwen2.preflight({**dict(num_heads=4, num_kv_heads=2, max_position_embeddings=512, seed=0,
+                                         vocab_size=None), **settings, "path": path})
+    assert AutoModelForCausalLM.from_pretrained(path).config.hidden_size == 16  # untouched
+
+
+def test_a_folder_from_before_settings_were_recorded_is_checked_against_its_config(tmp_path):
+    import pytest
+
+    path = tiny_qwen2(str(tmp_path / "m"), hidden_size=16, num_layers=1, intermediate_size=32)
+    (tmp_path / "m" / "rlhf_tiny.json").unlink()
+    assert tiny_qwen2(path, hidden_size=16, num_layers=1, intermediate_size=32) == path
+    with pytest.raises(ValueError, match=re.escape("num_layers=1 (asked: 2)")):
+        tiny_qwen2(path, hidden_size=16, num_layers=2, intermediate_size=32)

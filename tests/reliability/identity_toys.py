@@ -1,5 +1,6 @@
 """Small real stages for the run-identity tests: they write files, so a rerun that works shows."""
 
+import os
 from pathlib import Path
 
 from rlhf.ranges import PositiveInt
@@ -17,7 +18,10 @@ class CountStage:
         done = path.read_text().splitlines() if path.exists() else []
         with path.open("a") as f:
             for step in range(len(done) + 1, self.steps + 1):
+                if os.environ.get("COUNT_FAIL_AT") == str(step):  # what a kill or a crash at this step leaves
+                    raise RuntimeError(f"injected failure at step {step}")
                 f.write(f"{self.label}{step}\n")
+                f.flush()
         return {"checkpoint": str(path), "metrics": {"steps": float(self.steps)}}
 
 
@@ -31,3 +35,13 @@ class ReadStage:
 
     def run(self, ctx):
         return {"metrics": {"lines": float(len(Path(self.checkpoint).read_text().splitlines()))}}
+
+
+class RowsStage:
+    """Reads its rows (a data loader in the graph) and reports how many it trained on."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def run(self, ctx):
+        return {"metrics": {"rows": float(len(self.rows))}}

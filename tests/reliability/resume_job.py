@@ -8,6 +8,11 @@ stream position saved in the checkpoint) instead of an in-memory PromptDataset.
 With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
 cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
 written; KILL_MODE=mid_step in step K+1, after the update but before it is logged or saved.
+KILL_MODE=fill_disk does not kill: right after checkpoint K it fills the output folder's
+filesystem (a small tmpfs in the test) but for FILL_LEAVE bytes (default 64 KiB: a step's
+rollout records fit, a checkpoint does not), so the next checkpoint write meets a real full disk.
+
+Errors end the job as the command line does (`rlhf.cli.errors.one_line_errors`): one line.
 """
 
 import os
@@ -71,7 +76,7 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
         total_steps=steps,
         save_freq=1,
         keep_checkpoints=2,
-        records=fdl.Config(RolloutRecorder),
+        records=fdl.Partial(RolloutRecorder),
     )
     return fdl.Config(
         Experiment,
@@ -85,13 +90,17 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
     )
 
 
-def install_kill_switch(kill_at: int, mode: str) -> None:
+def install_kill_switch(kill_at: int, mode: str, out: str) -> None:
     save, step = RLTrainer.save, RLTrainer.step
 
     def save_then_die(self, checkpoints, n, ctx):
         path = save(self, checkpoints, n, ctx)
         if mode == "after_checkpoint" and n == kill_at:
             os.kill(os.getpid(), signal.SIGKILL)
+        if mode == "fill_disk" and n == kill_at:
+            from helpers import fill_disk  # tests/ is on the job's PYTHONPATH
+
+            fill_disk(out, leave=int(os.environ.get("FILL_LEAVE", 2**16)))
         return path
 
     def step_then_die(self, prompts, needs, n, **kwargs):
@@ -104,10 +113,13 @@ def install_kill_switch(kill_at: int, mode: str) -> None:
 
 
 if __name__ == "__main__":
+    from rlhf.cli.errors import one_line_errors
+
     torch.set_num_threads(1)
-    if os.environ.get("KILL_AT"):
-        install_kill_switch(int(os.environ["KILL_AT"]), os.environ.get("KILL_MODE", "mid_step"))
     model, out, aim, *flags = sys.argv[1:]
+    if os.environ.get("KILL_AT"):
+        install_kill_switch(int(os.environ["KILL_AT"]), os.environ.get("KILL_MODE", "mid_step"), out)
     steps = next((int(f.removeprefix("steps=")) for f in flags if f.startswith("steps=")), TOTAL_STEPS)
-    run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags),
-                   allow_changes="allow_changes" in flags)
+    with one_line_errors("run the same command again to resume from the newest checkpoint"):
+        run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags),
+                       allow_changes="allow_changes" in flags)

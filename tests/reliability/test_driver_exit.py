@@ -1,5 +1,7 @@
 """When the driver is stopped (Ctrl-C, SIGTERM) while it waits on its workers, the Ray cluster it
-started goes with it, and the stage's Aim run is closed as interrupted."""
+started goes with it, the stage's Aim run is closed as interrupted, and the command says so in one
+line. A terminal's Ctrl-C and `timeout` signal the whole process group, Ray's daemons included:
+stopping then used to wait 60 s for a dead GCS and print "Failed to connect to GCS"."""
 
 import json
 import os
@@ -15,10 +17,11 @@ import pytest
 from rlhf.tracking.query import find_runs
 
 JOB = Path(__file__).with_name("ray_exit_job.py")
-# SIGTERM is raised in the driver as `Terminated`, a KeyboardInterrupt: uncaught, Python ends with SIGINT's status.
-CASES = {  # name: (job mode, signal sent once the stage runs, exit status, Aim status)
-    "SIGTERM": ("wait", signal.SIGTERM, -signal.SIGINT, "interrupted"),
-    "SIGINT": ("wait", signal.SIGINT, -signal.SIGINT, "interrupted"),
+# The job ends as the command line does (rlhf.cli.errors): one line, then it ends by the signal it got.
+CASES = {  # name: (job mode, signal sent once the stage runs, to the whole process group?, exit status, Aim status)
+    "SIGTERM": ("wait", signal.SIGTERM, False, -signal.SIGTERM, "interrupted"),  # `kill PID`, a scheduler
+    "SIGTERM-group": ("wait", signal.SIGTERM, True, -signal.SIGTERM, "interrupted"),  # `timeout`
+    "SIGINT-group": ("wait", signal.SIGINT, True, -signal.SIGINT, "interrupted"),  # Ctrl-C in a terminal
 }
 # An exception in a stage and a normal end leave through the same `finally` (RayRuntime.shutdown)
 # that Ctrl-C does; run this job with mode "raise" or "finish" to see it. Each case here is mostly
@@ -47,12 +50,20 @@ def test_a_stopped_driver_shuts_down_the_ray_cluster_it_started(tmp_path):
             assert line, f"{name}: the job ended before its stage ran:\n{proc.stderr.read()[-3000:]}"
             helpers[name] = json.loads(line)["pids"]
             assert len(helpers[name]) >= 3, helpers[name]  # GCS, raylet, the worker actor, ...
-            if CASES[name][1] is not None:
-                time.sleep(0.5)  # into the blocking ray.get
-                proc.send_signal(CASES[name][1])
+        time.sleep(0.5)  # into the blocking ray.get
+        sent = {}
         for name, proc in jobs.items():
-            _, err = proc.communicate(timeout=60)
-            assert proc.returncode == CASES[name][2], f"{name}: exit {proc.returncode}\n{err[-3000:]}"
+            _, sig, group, *_ = CASES[name]
+            os.killpg(proc.pid, sig) if group else proc.send_signal(sig)  # the job leads its own group
+            sent[name] = time.monotonic()
+        for name, proc in jobs.items():
+            _, err = proc.communicate(timeout=120)
+            took = time.monotonic() - sent[name]
+            assert proc.returncode == CASES[name][3], f"{name}: exit {proc.returncode}\n{err[-3000:]}"
+            assert took < 30 and "Failed to connect to GCS" not in err, f"{name}: {took:.0f} s\n{err[-3000:]}"
+            assert "Traceback" not in err, f"{name}:\n{err[-3000:]}"
+            signame = "SIGTERM" if CASES[name][1] == signal.SIGTERM else "Ctrl-C (SIGINT)"
+            assert err.strip().splitlines()[-1] == f"interrupted by {signame}; stopped cleanly.", err[-1000:]
         deadline = time.monotonic() + 15
         while any(alive(p) for pids in helpers.values() for p in pids) and time.monotonic() < deadline:
             time.sleep(0.2)

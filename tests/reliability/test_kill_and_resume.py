@@ -23,7 +23,7 @@ from rlhf.runtime.preflight import PreflightError
 from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import find_runs, metric_values
 from rlhf.trainers.records import read_records
-from helpers import tiny_model_path
+from helpers import small_disk, tiny_model_path
 
 JOB = Path(__file__).with_name("resume_job.py")
 METRICS = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean"]
@@ -31,7 +31,8 @@ STAGE = Path("resume") / "job" / "rl"
 
 
 def job(out: Path, aim: Path, *extra: str, kill: dict[str, str] | None = None) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]), os.environ.get("PYTHONPATH", "")])}
+    paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # the project, and tests/ (helpers)
     env.pop("KILL_AT", None)
     env.update(kill or {})
     return subprocess.Popen(
@@ -141,6 +142,43 @@ def test_more_steps_need_allow_changes_and_then_really_run(tmp_path, reference):
     assert run["params"]["graph"]["total_steps"] == 10 and run["params"]["status"] == "finished"
 
 
+@pytest.mark.slow
+def test_a_continuation_killed_midway_finishes_on_the_next_run(tmp_path, reference):
+    """8 steps finished; continued to 10 with allow_changes and SIGKILLed after checkpoint 9 (the new graph
+    recorded, the 8-step result.json still there): the same command again runs step 10, it does not report
+    the 8-step result."""
+    out, aim = continued_copy(reference, tmp_path)
+    killed = job(out, aim, "steps=10", "allow_changes", kill={"KILL_AT": "9", "KILL_MODE": "after_checkpoint"})
+    killed.communicate(timeout=600)
+    assert killed.returncode == -signal.SIGKILL
+    finish(job(out, aim, "steps=10", "allow_changes"))
+    assert sorted({r["step"] for r in read_records(out / STAGE)}) == list(range(1, 11))
+    (run,) = find_runs(str(aim), experiment="resume")
+    assert [s for s, _ in metric_values(str(aim), run["hash"], "actor/pg_loss")] == list(range(1, 11))
+    result = json.loads((out / STAGE / "result.json").read_text())
+    assert result["result"]["metrics"]["actor/pg_loss"] == metric_values(str(aim), run["hash"], "actor/pg_loss")[-1][1]
+    ten, eight = weights(out), weights(reference / "out")
+    assert not all(torch.equal(ten[k], eight[k]) for k in ten)  # final/ holds 10 steps, not the 8-step weights
+
+
+def test_a_copied_run_and_one_killed_before_its_result_report_their_own_weights_and_metrics(tmp_path, reference):
+    """result.json stores paths relative to the stage folder (a copy points at its own final/), and a
+    stage killed between writing final/ and result.json reports its last step's metrics from the
+    checkpoint (it used to report `metrics: {}`)."""
+    import resume_job  # this folder is on sys.path (pytest's rootdir-relative import)
+
+    out, aim = continued_copy(reference, tmp_path)
+    stored = json.loads((reference / "out" / STAGE / "result.json").read_text())
+    expected = stored.get("result", stored)["metrics"]
+    graph = resume_job.graph(tiny_model_path(), str(out), str(aim))
+    assert run_experiment(graph)["rl"]["checkpoint"] == str(out / STAGE / "final")  # finished: read back
+    (out / STAGE / "result.json").unlink()  # the state a kill right after writing final/ leaves
+    rerun = run_experiment(graph)["rl"]  # resumes at checkpoint 8 = the last step: nothing left to run
+    assert rerun["checkpoint"] == str(out / STAGE / "final")
+    assert {k: rerun["metrics"][k] for k in METRICS} == {k: expected[k] for k in METRICS}
+    assert sorted({r["step"] for r in read_records(out / STAGE)}) == list(range(1, 9))
+
+
 def test_resuming_into_a_run_of_another_model_is_a_preflight_error(tmp_path, reference):
     """In-process: the preflight stops it before any model loads."""
     import resume_job  # this folder is on sys.path (pytest's rootdir-relative import)
@@ -169,3 +207,36 @@ def test_a_streamed_dataset_resumes_bit_identically(tmp_path):
     assert logged(aim) == logged(tmp_path / "ref" / "aim")
     state = json.loads((out / STAGE / "checkpoints" / "step_00000008" / "trainer_state.json").read_text())
     assert state["data_position"] == {"epoch": 1, "consumed": 8}  # 6 batches of 4 per epoch, then 2 more
+
+
+@pytest.mark.slow
+def test_a_full_disk_during_a_checkpoint_write_is_one_line_and_the_run_resumes(tmp_path, reference):
+    """A real full filesystem (a 20 MB tmpfs, filled after checkpoint 2): the write of checkpoint 3 fails.
+    The job ends with the documented one-line CheckpointError (it was a 93-line traceback: torch's
+    `CheckpointException` is a BaseException and escaped the handling), no partial folder stays, and
+    once space is freed the same command resumes from checkpoint 2 and ends bit-identical. Its Aim run
+    then says finished, with the earlier error moved to `earlier_errors`."""
+    with small_disk(tmp_path / "disk") as disk:
+        out, aim = disk / "out", tmp_path / "aim"
+        proc = job(out, aim, kill={"KILL_AT": "2", "KILL_MODE": "fill_disk"})
+        _, err = proc.communicate(timeout=600)
+        assert proc.returncode == 1, err[-3000:]
+        assert "Traceback" not in err, err[-3000:]
+        last = err.strip().splitlines()[-1]
+        checkpoints = out / STAGE / "checkpoints"
+        assert last.startswith(f"error: could not write checkpoint {checkpoints / 'step_00000003'} ("), last
+        assert "No space left on device" in last and last.endswith("then resume.")
+        assert f"the previous checkpoint {checkpoints / 'step_00000002'} is intact" in last
+        assert sorted(p.name for p in checkpoints.iterdir()) == ["step_00000001", "step_00000002"]
+        (run,) = find_runs(str(aim), experiment="resume")
+        assert run["params"]["status"] == "failed" and "CheckpointError" in run["params"]["error"]
+
+        (disk / "out" / "filler").unlink()
+        finish(job(out, aim))
+        expected, resumed = weights(reference / "out"), weights(out)
+        for k in expected:
+            assert torch.equal(expected[k], resumed[k]), k
+        assert logged(aim) == logged(reference / "aim")
+        (run,) = find_runs(str(aim), experiment="resume")
+        assert run["params"]["status"] == "finished" and "error" not in run["params"]
+        assert "CheckpointError" in run["params"]["earlier_errors"][0]

@@ -29,9 +29,9 @@ def errors(graph, **kwargs):
 
 
 def grpo_row(table: str) -> list[str]:
-    """The first four cells (stage, prompts, n, samples) of the table's grpo row."""
-    (row,) = [line.split()[:4] for line in table.splitlines() if line.strip().startswith("grpo")]
-    return row
+    """The first four cells (stage, prompts, n, samples) of the table's grpo row (the batch table's: the
+    memory table printed after it has a grpo row too)."""
+    return [line.split()[:4] for line in table.splitlines() if line.strip().startswith("grpo")][0]
 
 
 def one_error(graph, **kwargs) -> str:
@@ -228,3 +228,23 @@ def test_a_required_argument_of_the_root():
     expected = ("name: Experiment needs `name`, which is not set. Set it in the experiment's graph, or on the "
                 "command line: --config 'set:name=...'.")
     assert errors(fdl.Config(Experiment, stages={})) == [expected]
+
+
+def test_a_critic_warm_up_that_never_lets_the_actor_train_is_warned_about(arithmetic):
+    graph = arithmetic.base()
+    arithmetic.ppo(graph)  # critic_warmup=5
+    graph.stages["grpo"].total_steps = 5
+    (warning,) = check_experiment(graph, cpus=16, gpus=0).warnings
+    assert "stages.grpo.critic_warmup=5 >= total_steps=5: the actor is never updated" in warning
+    assert "set:stages.grpo.critic_warmup=4" in warning
+    graph.stages["grpo"].total_steps = 6
+    assert check_experiment(graph, cpus=16, gpus=0).warnings == []
+    arithmetic.smoke(graph)  # 2 steps: smoke lowers the warm-up so the actor still trains
+    assert graph.stages["grpo"].critic_warmup == 1 and check_experiment(graph, cpus=16, gpus=0).warnings == []
+
+
+def test_a_critic_warm_up_without_a_critic_is_warned_about(arithmetic):
+    graph = arithmetic.base()
+    graph.stages["grpo"].critic_warmup = 3
+    (warning,) = check_experiment(graph, cpus=16, gpus=0).warnings
+    assert "critic_warmup=3 without a critic: the first 3 steps generate and score but train nothing" in warning

@@ -146,11 +146,16 @@ def test_stop_strings_cut_the_text(client):
 
 
 def test_seed_makes_sampling_repeatable(client):
-    def sample(seed):
-        out = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=1.0, seed=seed)
-        return out.choices[0].message.content
+    def sample(seed, n=1):
+        out = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=8, temperature=1.0, seed=seed, n=n)
+        return tuple(c.message.content for c in out.choices)
 
-    assert sample(7) == sample(7)
+    first = sample(7)
+    unseeded = {sample(None) for _ in range(3)}  # the server's own random state moves on in between
+    assert sample(7) == first  # the same seed, the same draw, whatever ran before
+    assert len(unseeded) > 1  # 8 tokens at temperature 1 from 259 nearly uniform ones: unseeded draws differ
+    assert len({first, *(sample(seed) for seed in (8, 9, 10))}) > 1  # the seed chooses the draw: not one fixed stream
+    assert len(set(sample(7, n=3))) == 3  # the n samples of a seeded request are different draws
 
 
 # ------------------------------------------------------------------------------------ errors

@@ -194,3 +194,36 @@ def test_closing_waits_for_an_index_held_by_another_process(repo):
         holder.wait(timeout=30)
     (found,) = query.find_runs(repo, experiment="busy")
     assert (found["hash"], found["status"]) == (run.hash, "finished")
+
+
+_FIRST_RUN = (
+    "import sys\n"
+    "from rlhf.tracking.aim_tracker import AimTracker\n"
+    "with AimTracker(sys.argv[1], experiment='race').start_run('rl') as run:\n"
+    "    run.track({'x': 1.0}, step=1)\n"
+)
+
+
+@pytest.mark.slow
+def test_first_runs_of_several_processes_into_a_new_repo_all_succeed(tmp_path):
+    """Four processes open a repository that does not exist yet, at once: without the lock the ones that saw
+    the half-made repository failed with `no such table: run` (reproduced in every try of four)."""
+    repo = tmp_path / "new"
+    procs = [subprocess.Popen([sys.executable, "-c", _FIRST_RUN, str(repo)], stderr=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    errors = [p.communicate(timeout=120)[1] for p in procs]
+    assert [p.returncode for p in procs] == [0] * 4, [e[-800:] for e in errors if "Error" in e]
+    assert len(query.find_runs(str(repo), experiment="race")) == 4
+
+
+def test_a_resumed_run_that_finishes_keeps_no_error(repo):
+    """A run that failed and was then resumed to the end said `status=finished` beside the old `error`."""
+    aim_tracker = tracker(repo, "resumed")
+    with pytest.raises(OSError):
+        with aim_tracker.start_run("rl") as run:
+            raise OSError(28, "No space left on device")
+    with aim_tracker.resume_run(run.hash) as resumed:
+        resumed.track({"score": 1.0}, step=2)
+    (found,) = query.find_runs(repo, experiment="resumed")
+    assert found["status"] == "finished" and "error" not in found["params"]
+    assert found["params"]["earlier_errors"] == ["OSError: [Errno 28] No space left on device"]

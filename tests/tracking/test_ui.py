@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rlhf.tracking.ui import aim64encode, latest_sweep, metrics_url, sweep_url
+from rlhf.tracking.query import find_runs
+from rlhf.tracking.ui import aim64encode, latest_runs_url, latest_sweep, metrics_url, sweep_url
 
 ROOT = Path(__file__).parents[2]
 
@@ -62,6 +63,17 @@ def test_the_latest_sweep_and_its_swept_fields(toy_sweep):
         latest_sweep(repo, "nope")
 
 
+def test_latest_runs_link_compares_the_newest_runs_of_the_newest_experiment(toy_sweep):
+    _, repo, _ = toy_sweep
+    runs = find_runs(repo)
+    params = dict(urllib.parse.parse_qsl(urllib.parse.urlparse(latest_runs_url("http://h:1", repo, limit=3)).query))
+    select = aim64decode(params["select"])
+    assert select["query"] == f"run.hash in {[r['hash'] for r in runs[-3:]]!r}"  # the 3 newest, no sweep needed
+    assert aim64decode(params["grouping"])["color"] == ["run.props.name"]
+    with pytest.raises(LookupError, match="no runs of experiment 'nope'"):
+        latest_runs_url("http://h:1", repo, experiment="nope")
+
+
 # ------------------------------------------------------------------ the real thing, in a browser
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -103,7 +115,7 @@ def test_a_sweep_shows_one_curve_per_run_coloured_by_the_swept_value(tmp_path):
         [sys.executable, "-m", "rlhf.cli", "ui", "--repo", "aim", "--metric", "sft/loss"],
         cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
     )
-    aim_group, url, lines = None, None, []
+    aim_group, url, runs_url, lines = None, None, None, []
     try:
         deadline = time.monotonic() + 300
         while url is None and time.monotonic() < deadline:
@@ -112,9 +124,11 @@ def test_a_sweep_shows_one_curve_per_run_coloured_by_the_swept_value(tmp_path):
             lines.append(line)
             if line.startswith("Aim UI:"):
                 aim_group = int(line.split("process group ")[1].split(";")[0])
+            if line.startswith("runs: "):
+                runs_url = line.removeprefix("runs: ").strip()
             if line.startswith("sweep: "):
                 url = line.removeprefix("sweep: ").strip()
-        assert url and aim_group, "".join(lines)
+        assert url and runs_url and aim_group, "".join(lines)
         base = url.split("/metrics")[0]
 
         with sync_api.sync_playwright() as p:
@@ -133,7 +147,17 @@ def test_a_sweep_shows_one_curve_per_run_coloured_by_the_swept_value(tmp_path):
             legend = page.eval_on_selector_all(  # the colour legend: one cell per value, in its colour
                 "#Legend-group-color text.Legend-cell", "els => els.map(e => [e.getAttribute('fill'), e.textContent])")
             fields = page.eval_on_selector_all("#Legend-group-color title", "els => els.map(e => e.textContent)")
+            # the latest-runs link (no sweep needed): the same 4 runs, one colour per run name
+            page.goto(runs_url)
+            page.wait_for_function(
+                "document.querySelectorAll('svg.Visualization path.Line').length >= 4", timeout=120_000)
+            run_strokes = page.eval_on_selector_all(
+                "svg.Visualization path.Line", "els => els.map(e => getComputedStyle(e).stroke)")
+            run_legend = page.eval_on_selector_all("#Legend-group-color text.Legend-cell", "els => els.map(e => e.textContent)")
             browser.close()
+        assert len(run_strokes) == 4 and len(set(run_strokes)) == 4, run_strokes
+        names = [name.strip('"') for name in run_legend]  # the legend quotes string values
+        assert len(set(names)) == 4 and all(n.startswith("arithmetic_tiny/") and n.endswith("/sft") for n in names), names
         assert len(strokes) == 4, strokes  # one curve per run of the sweep
         assert len(set(strokes)) == 4, strokes  # each in its own colour
         assert "run.sweep.overrides.stages.sft.policy.worker.optimizer.lr" in fields, fields

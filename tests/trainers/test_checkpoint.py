@@ -128,3 +128,33 @@ def test_with_no_intact_checkpoint_the_stage_starts_over(tmp_path):
     folder, state, skipped = m.resume(loader([]))
     assert folder is None and state == {"step": 0} and len(skipped) == 2
     assert len([p for p in tmp_path.iterdir() if ".broken-" in p.name]) == 2
+
+
+# --------------------------------------------------------------------------- torch's own checkpoint errors
+def test_torch_checkpoint_errors_are_caught_by_load_fallback_and_export(tmp_path):
+    """torch.distributed.checkpoint raises `CheckpointException`, a BaseException: a checkpoint that passes its
+    manifest but does not load (another model's shapes) escaped the fallback as a crash, and `rlhf export`'s
+    handling. Now: skipped with DCP's first cause named, the previous checkpoint loads; export says why."""
+    import pytest
+    from transformers import AutoModelForCausalLM
+
+    from helpers import tiny_model_path
+    from rlhf.trainers.export import export_checkpoint
+    from rlhf.workers.state_io import load_state, save_state
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_path(hidden_size=32))
+    other = AutoModelForCausalLM.from_pretrained(tiny_model_path(hidden_size=64))
+    m = CheckpointManager(tmp_path / "checkpoints", keep=3)
+    m.save(1, lambda folder: save_state(folder / "policy", model), {})
+    m.save(2, lambda folder: save_state(folder / "policy", other), {})  # intact, but of another shape
+    folder, _, skipped = m.resume(lambda f: load_state(f / "policy", model))
+    assert folder.name == "step_00000001"
+    (line,) = skipped
+    assert "step_00000002 because loading it failed (CheckpointIOError: reading" in line
+    assert "rank 0: ValueError: Size mismatch" in line or "rank 0: RuntimeError" in line, line
+
+    hf = tmp_path / "mismatch" / "policy"
+    save_state(hf, other)
+    model.config.save_pretrained(hf / "hf")  # a config that does not match the weights
+    with pytest.raises(ValueError, match="does not match its config"):
+        export_checkpoint(str(tmp_path / "mismatch"), str(tmp_path / "exported"))

@@ -37,3 +37,72 @@ def test_sample_rate_records_whole_groups():
         rows = read_records(Path(d))
     assert 0 < written < 80 and written % 2 == 0  # groups of 2 are kept or dropped together
     assert all(sum(1 for r in rows if (r["step"], r["uid"]) == (s, u)) == 2 for s, u in {(r["step"], r["uid"]) for r in rows})
+
+
+def test_a_torn_last_line_is_dropped_with_a_warning_on_resume_and_on_reading(tmp_path, caplog):
+    """A kill (or a full disk) in the middle of an append leaves half a line: resuming used to stop at a raw
+    JSONDecodeError on every later attempt."""
+    rec = RolloutRecorder()
+    for step in (1, 2):
+        rec.write(tmp_path, step, scored_batch(), ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+    path = tmp_path / "rollouts.jsonl"
+    path.write_bytes(path.read_bytes() + b'{"step": 3, "uid": "a", "prom')
+    assert {r["step"] for r in read_records(tmp_path)} == {1, 2}
+    assert "line 9 is cut short" in caplog.text
+    truncate_records(tmp_path, last_step=2)  # what a resume from checkpoint 2 does
+    assert path.read_text().endswith("}\n") and len(read_records(tmp_path)) == 8
+    rec.write(tmp_path, 3, scored_batch(), ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+    assert [r["step"] for r in read_records(tmp_path)] == [1] * 4 + [2] * 4 + [3] * 4
+
+
+def test_a_bad_line_before_the_end_names_the_file_and_line(tmp_path):
+    import pytest
+
+    RolloutRecorder().write(tmp_path, 1, scored_batch(), ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+    path = tmp_path / "rollouts.jsonl"
+    path.write_text("garbage\n" + path.read_text())
+    with pytest.raises(ValueError, match=r"rollouts.jsonl: line 1 is not a JSON record"):
+        read_records(tmp_path)
+
+
+def test_a_full_disk_leaves_no_half_step_in_the_records(tmp_path):
+    """On a real full filesystem (a small tmpfs) a step's append fails part-way: the file is cut back to
+    the previous step's end, so a later resume reads whole steps only."""
+    import errno
+
+    import pytest
+
+    from helpers import fill_disk, small_disk
+
+    with small_disk(tmp_path / "disk", size="1m") as disk:
+        rec = RolloutRecorder()
+        rec.write(disk, 1, scored_batch(), ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+        before = (disk / "rollouts.jsonl").read_bytes()
+        fill_disk(disk, leave=4096)  # one page free: less than the step below
+        long = ["x" * 3000] * 4
+        with pytest.raises(OSError) as err:
+            rec.write(disk, 2, scored_batch(), long, long)
+        assert err.value.errno == errno.ENOSPC
+        assert (disk / "rollouts.jsonl").read_bytes() == before
+        assert {r["step"] for r in read_records(disk)} == {1}
+
+
+def _groups_batch(groups: int, n: int = 2) -> Batch:
+    rows = groups * n
+    mask = torch.ones(rows, 2, dtype=torch.long)
+    return Batch(
+        {"response_mask": mask, "token_level_scores": torch.zeros(rows, 2), "advantages": torch.zeros(rows, 2)},
+        {"uid": [f"g{i // n:03d}" for i in range(rows)], "ground_truth": ["1"] * rows, "data_source": ["a"] * rows},
+    )
+
+
+def test_groups_per_step_are_capped_whole_and_reproducibly(tmp_path):
+    batch = _groups_batch(40)
+    rec = RolloutRecorder(max_groups_per_step=16, seed=3)
+    assert rec.write(tmp_path / "a", 5, batch, ["x"] * 80, ["p"] * 80) == 32  # 16 whole groups of 2
+    rec.write(tmp_path / "b", 5, batch, ["x"] * 80, ["p"] * 80)
+    a, b = read_records(tmp_path / "a"), read_records(tmp_path / "b")
+    assert [r["uid"] for r in a] == [r["uid"] for r in b]  # the same draw for the same seed and step
+    assert len({r["uid"] for r in a}) == 16
+    assert RolloutRecorder(max_groups_per_step=None).write(tmp_path / "c", 5, batch, ["x"] * 80, ["p"] * 80) == 80
+

@@ -57,6 +57,21 @@ def test_nan_gradients_stop_the_run_and_never_touch_the_weights(tmp_path):
         assert torch.equal(v, initial[k]), f"{k} changed although every gradient was NaN"
 
 
+def test_rl_stages_record_rollouts_by_default(tmp_path):
+    from rlhf.algos import PPOClipLoss
+    from rlhf.trainers.records import read_records
+    from rlhf.workers.objectives import PolicyObjective
+
+    objective = fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss))
+    graph = experiment(tmp_path, objective)
+    graph.stages["rl"].total_steps = 2
+    run_experiment(graph)
+    (stage,) = tmp_path.glob("guards/*/rl")
+    rows = read_records(stage)
+    assert {r["step"] for r in rows} == {1, 2} and len(rows) == 2 * 4 * 2  # every group: 4 prompts x n=2
+    assert all(r["response"] is not None and r["prompt"] for r in rows)
+
+
 def trainer(advantage, n=8, **kw):
     return RLTrainer(None, None, PromptDataset(arithmetic_rows(4), load_tokenizer(tiny_model_path())),
                      RewardManager({"arithmetic": exact_match_score}), advantage=advantage,

@@ -26,7 +26,7 @@ def test_lora_sft_saves_a_small_adapter_that_merges_to_the_same_model(tmp_path):
     base = load_causal_lm(base_path)
     before = {k: v.clone() for k, v in base.state_dict().items()}
     torch.manual_seed(0)
-    model = LoRA(r=4, alpha=8)(base)
+    model = LoRA(rank=4, alpha=8)(base)
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     assert torch.allclose(logits(model, batch), logits(load_causal_lm(base_path), batch))  # B = 0 at the start
@@ -53,7 +53,7 @@ def test_lora_sft_saves_a_small_adapter_that_merges_to_the_same_model(tmp_path):
     assert not any("lora_" in n for n, _ in in_memory.named_parameters())
     want = logits(model, batch)
     assert torch.allclose(logits(in_memory, batch), want, atol=1e-5)
-    folder = merge_adapter(base_path, adapter, str(tmp_path / "merged"))
+    folder = merge_adapter(adapter, str(tmp_path / "merged"))
     assert torch.allclose(logits(load_causal_lm(folder), batch), want, atol=1e-5)
     assert load_tokenizer(folder).eos_token == "<|im_end|>"
 
@@ -72,7 +72,7 @@ def test_policy_worker_trains_only_the_adapter_and_saves_merged_and_adapter(tmp_
     from helpers import tiny_model_path
 
     path = tiny_model_path()
-    worker = PolicyWorker(path, objective=SFTObjective(), adapter=LoRA(r=4),
+    worker = PolicyWorker(path, objective=SFTObjective(), adapter=LoRA(rank=4),
                           optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     assert len(worker.trainer.optimizer.param_groups[0]["params"]) < len(list(worker.trainer.unwrapped().parameters()))
     batch = SFTDataset(arithmetic_rows(8), load_tokenizer(path)).collate(range(8))

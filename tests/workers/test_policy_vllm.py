@@ -74,3 +74,43 @@ def test_a_resumed_worker_syncs_the_loaded_weights(worker, tmp_path):
     assert not same(worker.generate(prompts, GREEDY), saved)
     worker.load_state(str(tmp_path / "ckpt"))
     assert same(worker.generate(prompts, GREEDY), saved)
+
+
+class NoOpSyncVLLM(VLLMEngine):
+    """Fault: the sync resets the prefix cache but loads no tensor (what a lost bucket or a lost
+    adapter looks like from outside: rollouts keep coming from the old weights)."""
+
+    def update_weights(self, weights):
+        for _ in weights:
+            pass
+        self.llm.reset_prefix_cache()
+
+
+def test_a_sync_that_loads_nothing_into_vllm_is_an_error():
+    from rlhf.rollout.engine import WeightSyncError
+
+    engine = functools.partial(NoOpSyncVLLM, dtype="bfloat16", max_model_len=256, max_num_seqs=64)
+    worker = PolicyWorker(vllm_model_path(), objective=PolicyObjective(policy_loss=PPOClipLoss()),
+                          optimizer=functools.partial(torch.optim.SGD, lr=2.0), engine=engine,
+                          training=TrainingSetup(micro_batch_size=16, grad_clip=None))
+    prompts = PromptDataset(arithmetic_rows(4, seed=2), worker.tokenizer).collate(range(4))
+    batch = worker.generate(prompts, SamplingParams(n=4, temperature=1.0, max_new_tokens=8))
+    batch["advantages"] = torch.randn(len(batch), 1) * batch["response_mask"]
+    worker.update(batch)
+    with pytest.raises(WeightSyncError, match=r"\(NoOpSyncVLLM\) did not take the actor's weights: after the sync, "
+                                              r"\d+ of the \d+ tensors checked"):
+        worker.generate(prompts, GREEDY)
+
+
+def test_every_sync_into_vllm_is_checked_on_the_tensors_vllm_keeps_under_their_names(worker):
+    """vLLM fuses q/k/v and gate/up; the others (o_proj, down_proj, norms) are compared, and the embedding
+    too unless vLLM padded its rows (to a multiple of 64)."""
+    from rlhf.rollout.engine import SyncCheck, named_weights
+
+    check = SyncCheck()
+    worker.engine.update_weights(check.tap(named_weights(worker.trainer.unwrapped())))
+    compared = check.verify(worker.engine)
+    names = list(check.sent)
+    fused = [n for n in names if any(p in n for p in ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"))]
+    assert len(names) - len(fused) - 1 <= compared <= len(names) - len(fused)
+    assert compared >= 2 * 4 + 1  # per layer o_proj, down_proj and two norms; the final norm

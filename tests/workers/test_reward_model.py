@@ -1,54 +1,15 @@
 """RewardModelWorker: (B,) scores from its own tokenizer and chat template, deterministic, padding-free."""
 
-import functools
-import os
-import tempfile
-
 import pytest
 import torch
-from helpers import tiny_model_path
-from transformers import Qwen2Config, Qwen2ForSequenceClassification
+from helpers import tiny_model_path, tiny_reward_model
 
 from rlhf.batch import Batch
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
-from rlhf.models.tiny import byte_level_qwen2_tokenizer
 from rlhf.workers.reward_model import RewardModelWorker, conversation_ids
 from rlhf.workers.training import TrainingSetup
-
-# Not ChatML: the policy's template differs, so reusing its token ids would be caught.
-RM_TEMPLATE = (
-    "{% for message in messages %}[{{ message['role'] | upper }}] {{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}[ASSISTANT] {% endif %}<|endoftext|>"
-)
-
-
-@functools.cache
-def tiny_reward_model() -> str:
-    """A tiny Qwen2ForSequenceClassification (one label) + byte-level tokenizer with its own template."""
-    path = os.path.join(tempfile.gettempdir(), "rlhf-test-models", "rm-h32-l2-s0")
-    if os.path.exists(os.path.join(path, "config.json")):
-        return path
-    tok = byte_level_qwen2_tokenizer()
-    tok.chat_template = RM_TEMPLATE
-    tok.pad_token = "<|im_start|>"  # unlike the policy's, and not the template's last token
-    config = Qwen2Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=512, num_labels=1, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=None,
-    )
-    torch.manual_seed(0)
-    model = Qwen2ForSequenceClassification(config)
-    torch.nn.init.normal_(model.score.weight, std=1.0)  # scores of order 1, so rows differ visibly
-    tmp = tempfile.mkdtemp(dir=os.path.dirname(path))
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    try:
-        os.replace(tmp, path)
-    except OSError:  # another process wrote it first
-        pass
-    return path
 
 
 @pytest.fixture(scope="module")

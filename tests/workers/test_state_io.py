@@ -83,7 +83,7 @@ def test_a_killed_fsdp_group_resumes_bit_identically_and_exports(ray_runtime, tm
 
     checkpoints.save(3, lambda folder: group.save_state(str(folder / "policy")), {})
     group.save(str(tmp_path / "final"))
-    assert main(["export", str(tmp_path), str(tmp_path / "exported")]) == 0  # the stage folder: its newest, step 3
+    assert main(["export", str(tmp_path), str(tmp_path / "exported"), "--step", "3"]) == 0  # the sharded checkpoint
     for name in ("final", "exported"):
         model = AutoModelForCausalLM.from_pretrained(tmp_path / name)
         assert model.config.architectures == ["Qwen2ForCausalLM"]  # not FSDP's wrapper class
@@ -98,18 +98,68 @@ def test_lora_trained_under_fsdp_saves_an_adapter_that_merges_to_the_trained_wei
     peft = pytest.importorskip("peft")
     from rlhf.workers.lora import LoRA, merged
 
-    worker = grpo_worker(strategy="fsdp", adapter=LoRA(r=4), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
+    worker = grpo_worker(strategy="fsdp", adapter=LoRA(rank=4), optimizer=lambda p: torch.optim.AdamW(p, lr=1e-2))
     worker.update(scored_rollout(worker))
     trained = worker.parameters_digest()
     assert any(float(v.abs().max()) > 0 for k, v in trained.items() if "lora_B" in k)  # the adapter learned
     worker.save(str(tmp_path / "final"))
 
-    local = LoRA(r=4)(load_causal_lm(tiny_model_path()))
+    local = LoRA(rank=4)(load_causal_lm(tiny_model_path()))
     local.load_state_dict(trained)
     want = merged(local).state_dict()  # W + alpha/r B A of the weights the sharded model holds
     assert_same_weights(AutoModelForCausalLM.from_pretrained(tmp_path / "final").state_dict(), want, "merged")
     from_adapter = peft.PeftModel.from_pretrained(load_causal_lm(tiny_model_path()), str(tmp_path / "final-adapter"))
     assert_same_weights(from_adapter.merge_and_unload().state_dict(), want, "base + saved adapter")
+    on_its_own = load_causal_lm(str(tmp_path / "final-adapter")).state_dict()  # the adapter names its base
+    assert all(torch.allclose(on_its_own[k], want[k], atol=1e-6) for k in want)
+
+
+@pytest.mark.slow
+def test_lora_on_two_fsdp_ranks_uses_the_base_as_reference_and_its_checkpoint_resumes_and_exports(
+        ray_runtime, tmp_path, capfd):
+    """LoRA sharded over 2 ranks: no reference model is held (the adapter-disabled actor is the reference,
+    and its log-probs are the base model's); a checkpoint holds only the adapter's shards, a new group
+    resumes it bit-identically, and `rlhf export` merges it into exactly the trained weights."""
+    from rlhf.workers.lora import LoRA, merged
+    from rlhf.workers.policy import response_log_probs
+
+    adapter = fdl.Config(LoRA, rank=4)
+    checkpoints = CheckpointManager(tmp_path / "checkpoints")
+    group = ray_runtime.start_groups(fsdp_plan(adapter=adapter))["policy"]
+    assert [held["reference"] for held in group.parameter_bytes()] == [0, 0]
+    batch = rl_step(group, 1)
+    rl_step(group, 2)  # the adapter has moved: the actor is not the base any more
+    ref = group.compute_ref_log_probs(batch)["ref_log_probs"]
+    with torch.no_grad():
+        base = response_log_probs(load_causal_lm(tiny_model_path()).eval(), batch, batch.meta["temperature"])[0]
+    mask = batch["response_mask"].bool()
+    assert torch.allclose(ref[mask], base[mask], atol=1e-5)
+    checkpoints.save(2, lambda folder: group.save_state(str(folder / "policy")), {})
+    (at_step_2,) = group.parameters_digest()[:1]
+    expected_rollout = rl_step(group, 3)
+    (expected,) = group.parameters_digest()[:1]
+    ray_runtime.stop_groups()
+
+    policy = tmp_path / "checkpoints" / "step_00000002" / "policy"
+    assert sorted(p.name for p in (policy / "dcp").glob("*.distcp")) == ["__0_0.distcp", "__1_0.distcp"]
+    assert (policy / "hf" / "adapter_config.json").is_file()
+    group = ray_runtime.start_groups(fsdp_plan(adapter=adapter, seed=7))["policy"]  # another init: the checkpoint wins
+    checkpoints.resume(lambda f: group.load_state(str(f / "policy")))
+    rollout = rl_step(group, 3)
+    assert torch.equal(rollout["responses"], expected_rollout["responses"])
+    rank0, rank1 = group.parameters_digest()
+    assert_same_weights(rank0, expected, "resumed LoRA vs uninterrupted")
+    assert_same_weights(rank1, expected, "rank 1")
+    ray_runtime.stop_groups()
+    assert "reference = the actor's base with its adapter disabled" in capfd.readouterr().out  # both ranks' lines
+
+    assert main(["export", str(tmp_path), str(tmp_path / "step2"), "--step", "2"]) == 0
+    local = LoRA(rank=4)(load_causal_lm(tiny_model_path()))
+    local.load_state_dict(at_step_2)
+    want = merged(local).state_dict()  # W + alpha/r B A of the weights the ranks held at step 2
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "step2").state_dict()
+    assert exported.keys() == want.keys()
+    assert all(torch.allclose(exported[k], want[k], atol=1e-6, rtol=0) for k in want)
 
 
 def test_accelerate_format_loads_under_ddp_and_is_refused_under_fsdp(tmp_path):

@@ -1,0 +1,128 @@
+"""The memory planner's arithmetic (rlhf.workers.memory) and each worker's `predict_memory`, without a model,
+and the prediction against live tensor bytes measured on the tiny model (rlhf.workers.memory_probe)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import grpo_worker, scored_rollout, tiny_model_path
+from rlhf.algos import logprobs
+from rlhf.rollout.hf_engine import HFEngine
+from rlhf.workers import memory
+from rlhf.workers.critic import CriticWorker
+from rlhf.workers.memory import ModelShape, Placement, Workload
+from rlhf.workers.memory_probe import PeakMemory
+from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.training import TrainingSetup
+
+ROOT = Path(__file__).parents[2]
+CONFIGS = ROOT / "rlhf_configs" / "model_configs"
+QWEN7B = ModelShape.from_config(CONFIGS / "qwen2.5-7b.json")
+
+
+def policy_arguments(shape, **training):
+    return dict(model_path=shape, ref_model_path=shape, objective=True, training=TrainingSetup(**training),
+                engine=HFEngine, dtype="float32", adapter=None, shared_prefix=None, fused_lm_head=None,
+                logits_block_elements=None)
+
+
+@pytest.mark.parametrize("name, billions", [("qwen2.5-0.5b", 0.494), ("qwen2.5-7b", 7.616), ("llama-3.1-8b", 8.030)])
+def test_shipped_configs_count_the_published_parameters(name, billions):
+    assert ModelShape.from_config(CONFIGS / f"{name}.json").parameters() / 1e9 == pytest.approx(billions, abs=1e-3)
+
+
+def test_parameter_counts_equal_a_meta_device_build():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = tiny_model_path(hidden_size=64, num_layers=4)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path))
+    assert ModelShape.from_config(path).parameters("lm") == sum(p.numel() for p in model.parameters())
+
+
+def test_block_budgets_are_the_kernels():
+    assert memory.CPU_BLOCK_ELEMENTS == logprobs.MAX_BLOCK_ELEMENTS
+    assert memory.GPU_BLOCK_ELEMENTS == logprobs.MAX_BLOCK_ELEMENTS_GPU
+
+
+def test_saved_activations_per_layer_by_hand():
+    # H=8, I=16, 2 heads x 4 = q 8, width 10: 6*8 + 4*16 + 4*8 + 2 + 10 + 2 = 158 elements per token per layer
+    shape = ModelShape(vocab=10, hidden=8, intermediate=16, layers=3, heads=2, kv_heads=1, head_dim=4)
+    (acts, *_) = memory.training_activation_terms(shape, rows=2, width=10, compute="float32",
+                                                  gradient_checkpointing=False, placement=Placement())
+    assert acts.bytes == 3 * 158 * 20 * 4
+
+
+def test_knobs_move_the_prediction_the_way_they_should():
+    work = Workload(prompt_tokens=1024, response_tokens=1024, n=8, rows=64)
+    gpu = Placement("cuda", 8, fsdp=True, device_bytes=80e9, process_group=True)
+    base = PolicyWorker.predict_memory(policy_arguments(QWEN7B, compute_dtype="bfloat16",
+                                                        max_tokens_per_micro_batch=16384), work, gpu)
+    ckpt = PolicyWorker.predict_memory(policy_arguments(QWEN7B, compute_dtype="bfloat16", gradient_checkpointing=True,
+                                                        max_tokens_per_micro_batch=16384), work, gpu)
+    assert ckpt.phase("update").bytes < base.phase("update").bytes / 2
+    offload = PolicyWorker.predict_memory(policy_arguments(QWEN7B, compute_dtype="bfloat16",
+                                                           max_tokens_per_micro_batch=16384),
+                                          work, dataclasses.replace(gpu, cpu_offload=True))
+    # the fp32 weights, gradients and AdamW moments of a 1/8 shard (16 bytes per parameter) go to the host
+    moved = base.phase("update").bytes - offload.phase("update").bytes
+    assert moved == pytest.approx(16 * QWEN7B.parameters() / 8, rel=1e-6)
+    assert sum(t.bytes for t in offload.host) == pytest.approx(moved)
+    more = PolicyWorker.predict_memory(policy_arguments(QWEN7B, compute_dtype="bfloat16",
+                                                        max_tokens_per_micro_batch=16384),
+                                       dataclasses.replace(work, rows=32), dataclasses.replace(gpu, world_size=16))
+    assert more.peak < base.peak
+    unfused = PolicyWorker.predict_memory({**policy_arguments(QWEN7B, compute_dtype="bfloat16",
+                                                              max_tokens_per_micro_batch=16384),
+                                           "fused_lm_head": False}, work, gpu)
+    logits = [t for t in unfused.phase("update").terms if t.name.startswith("logits")]
+    assert logits and not [t for t in base.phase("update").terms if t.name.startswith("logits")]
+
+
+def test_fewer_rows_per_generate_call_shrink_the_kv_cache():
+    import functools
+
+    work = Workload(prompt_tokens=512, response_tokens=2048, n=8, rows=256)
+    all_rows = PolicyWorker.predict_memory(policy_arguments(QWEN7B), work, Placement("cuda", 8, fsdp=True))
+    capped = PolicyWorker.predict_memory({**policy_arguments(QWEN7B),
+                                          "engine": functools.partial(HFEngine, max_rows_per_call=64)},
+                                         work, Placement("cuda", 8, fsdp=True))
+    kv = lambda e: next(t.bytes for t in e.phase("generation").terms if t.name.startswith("KV cache"))  # noqa: E731
+    assert kv(capped) == pytest.approx(kv(all_rows) / 4)  # 64 of 256 rows at once
+
+
+def test_critic_has_no_vocabulary_term():
+    work = Workload(prompt_tokens=256, response_tokens=256, n=1, rows=16)
+    critic = CriticWorker.predict_memory(dict(model_path=QWEN7B, training=TrainingSetup()), work, Placement())
+    assert not any("logit" in t.name for p in critic.phases for t in p.terms)
+
+
+def test_the_probe_counts_live_bytes():
+    kept = torch.zeros(1000)  # noqa: F841 - alive before the block: 4,000 bytes
+    with PeakMemory() as m:
+        a = torch.ones(2000)  # 8,000
+        b = a * 2  # 8,000 more
+        del a
+        c = b + 1  # 8,000 again (a was freed)
+    assert m.start >= 4000 and m.peak - m.start == 16000
+    del b, c
+
+
+def test_policy_prediction_within_15_percent_of_the_measured_peak_on_the_tiny_model():
+    worker = grpo_worker(strategy="ddp", micro_batch_size=4)
+    batch = scored_rollout(worker, prompts=4, n=4)
+    worker.update(batch)  # the steady state: gradients and AdamW moments exist
+    with PeakMemory() as update:
+        worker.update(batch)
+    with PeakMemory() as forward:
+        worker.compute_log_probs(batch)
+    arguments = {**policy_arguments(tiny_model_path(), micro_batch_size=4, strategy="ddp"),
+                 "objective": worker.objective}
+    p, r = batch["prompts"].shape[1], batch["responses"].shape[1]
+    predicted = PolicyWorker.predict_memory(arguments, Workload(p, r, n=4, rows=len(batch)), Placement())
+    assert predicted.phase("update").bytes == pytest.approx(update.peak, rel=0.15)
+    assert predicted.phase("log-probs (no grad)").bytes == pytest.approx(forward.peak, rel=0.15)
