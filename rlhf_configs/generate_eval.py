@@ -9,8 +9,10 @@ import fiddle as fdl
 from rlhf.data.prompts import PromptDataset
 from rlhf.data.sources import load_rows
 from rlhf.models.loading import load_tokenizer
-from rlhf.rewards import RewardManager, default_scorers
+from rlhf.rewards import RewardManager, scorers_with
+from rlhf.rewards.registry import Scorer
 from rlhf.rollout.choose import AutoEngine, engine_class
+from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.runtime.experiment import Experiment
@@ -19,40 +21,52 @@ from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.tracking.query import producer_run
 from rlhf.trainers.eval_job import EvalJob
-from rlhf.trainers.generate import GenerationStage
+from rlhf.trainers.generate import RESPONSES_PER_CALL, GenerationStage
 from rlhf_configs.pieces import policy_group
+
 
 def rollout_engine(name: str, dtype: str, max_model_len: int):
     """The policy worker's engine slot for `--engine NAME`; auto: `AutoEngine`, which picks vLLM on a
-    worker with a GPU and vLLM, else transformers (chosen on the worker, not on this machine)."""
+    worker with a GPU and vLLM, else transformers (chosen on the worker, not on this machine). The
+    transformers engine decodes at most RESPONSES_PER_CALL rows at once (its KV cache is sized for them;
+    a bigger call refills finished rows' slots with its pending prompts)."""
     # vLLM keeps its own copy: in the requested dtype, with a KV cache for these lengths
     vllm = fdl.Partial(VLLMEngine, dtype=dtype, max_model_len=max_model_len)
+    hf = fdl.Partial(HFEngine, max_rows_per_call=RESPONSES_PER_CALL)
     if name == "auto":
-        return fdl.Config(AutoEngine, vllm=vllm)
-    return vllm if engine_class(name) is VLLMEngine else engine_class(name)
+        return fdl.Config(AutoEngine, vllm=vllm, hf=hf)
+    return vllm if engine_class(name) is VLLMEngine else hf
+
+
+def reward_manager(scorer: Scorer | None = None, scorers: dict[str, Scorer] | None = None) -> fdl.Config:
+    """The reward of `rlhf eval`/`generate`: each data_source's built-in scorer (rlhf.rewards.RULES), `scorers`
+    (data_source -> scorer) over them; `scorer` scores every data_source `scorers` does not name instead."""
+    return fdl.Config(RewardManager, scorers=fdl.Config(scorers_with, overrides=dict(scorers or {}),
+                                                         builtin=scorer is None), default=scorer)
 
 
 def generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens, batch_size,
-                      max_prompt_length, workers, gpus_per_worker, dtype, parent_run, engine="auto"):
-
-
+                      max_prompt_length, workers, gpus_per_worker, dtype, parent_run, engine="auto", limit=None,
+                      reward=None, kind="generation"):
+    """A GenerationStage over the first `limit` rows of `data` (`kind` "generation": rows may leave out the
+    ground truth; "prompt": they must carry it, for scoring)."""
     tokenizer = fdl.Config(load_tokenizer, model)
     return fdl.Config(
         GenerationStage,
         policy=policy_group(num_workers=workers, gpus_per_worker=gpus_per_worker, model_path=model, dtype=dtype,
                             engine=rollout_engine(engine, dtype, max_prompt_length + max_new_tokens)),
-        dataset=fdl.Config(PromptDataset, rows=fdl.Config(load_rows, path=data), tokenizer=tokenizer,
-                           max_prompt_length=max_prompt_length, name="generate"),
+        dataset=fdl.Config(PromptDataset, rows=fdl.Config(load_rows, path=data, kind=kind, limit=limit),
+                           tokenizer=tokenizer, max_prompt_length=max_prompt_length, name="generate"),
         sampling=fdl.Config(SamplingParams, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens),
         output=out,
         prompts_per_call=batch_size,  # the command line's --batch-size
         parent_run=parent_run,
+        reward=reward,
+        model=model,
     )
 
 
 def _root(name, stage, *, local, aim_repo, progress=True):
-
-
     return fdl.Config(
         Experiment,
         name=name,
@@ -73,15 +87,20 @@ def _parent(aim_repo, path, param="checkpoint"):
 
 def generation_experiment(
     model: str, data: str, out: str, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-    max_new_tokens: int = 512, batch_size: int = 64, max_prompt_length: int = 1024, workers: int = 1,
+    max_new_tokens: int = 512, batch_size: int | None = None, max_prompt_length: int = 1024, workers: int = 1,
     gpus_per_worker: float = 0, dtype: str = "float32", local: bool = False, aim_repo: str | None = None,
-    progress: bool = True, engine: str = "auto",
+    progress: bool = True, engine: str = "auto", limit: int | None = None, scorer: Scorer | None = None,
+    scorers: dict[str, Scorer] | None = None,
 ):
-    """`rlhf generate`: one GenerationStage over `data` with `model` (linked to the run that trained it)."""
+    """`rlhf generate`: one GenerationStage over (the first `limit` rows of) `data` with `model` (linked to the
+    run that trained it). Prompts need no ground truth. With `scorer` (every data_source) or `scorers` (some,
+    the others keep their built-in scorer) every response is scored too (`scores` in each row)."""
+    reward = reward_manager(scorer, scorers) if scorer is not None or scorers else None
     stage = generation_stage(
         model, data, out, n=n, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
         batch_size=batch_size, max_prompt_length=max_prompt_length, workers=workers,
         gpus_per_worker=gpus_per_worker, dtype=dtype, parent_run=_parent(aim_repo, model), engine=engine,
+        limit=limit, reward=reward,
     )
     return _root("generate", stage, local=local, aim_repo=aim_repo, progress=progress)
 
@@ -89,14 +108,15 @@ def generation_experiment(
 def eval_experiment(
     generations: str | None = None, model: str | None = None, data: str | None = None, out: str | None = None,
     ks: tuple[int, ...] = (1, 2, 4, 8), n: int = 8, temperature: float = 1.0, top_p: float = 1.0,
-    max_new_tokens: int = 512, batch_size: int = 64, max_prompt_length: int = 1024, workers: int = 1,
+    max_new_tokens: int = 512, batch_size: int | None = None, max_prompt_length: int = 1024, workers: int = 1,
     gpus_per_worker: float = 0, dtype: str = "float32", n_boot: int = 1000, seed: int = 0,
     local: bool = False, aim_repo: str | None = None, progress: bool = True, engine: str = "auto",
+    limit: int | None = None, scorer: Scorer | None = None, scorers: dict[str, Scorer] | None = None,
 ):
-    """`rlhf eval`: an EvalJob over a generations file, or over `model` x `data` (generated first,
-    into `<out>/generations.jsonl`, resumable). Scored with `default_scorers()`."""
-
-
+    """`rlhf eval`: an EvalJob over a generations file, or over (the first `limit` rows of) `model` x `data`
+    (generated first, into `<out>/generations.jsonl`, resumable). Scored with each data_source's built-in
+    scorer, `scorers` (data_source -> scorer) over them, and `scorer` for every data_source `scorers` does
+    not name (see `reward_manager`)."""
     if (generations is None) == (model is None or data is None):
         raise ValueError("give either generations=FILE, or model=MODEL and data=FILE")
     generation = None
@@ -105,11 +125,11 @@ def eval_experiment(
             model, data, None if out is None else str(Path(out) / "generations.jsonl"), n=n,
             temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, batch_size=batch_size,
             max_prompt_length=max_prompt_length, workers=workers, gpus_per_worker=gpus_per_worker,
-            dtype=dtype, parent_run=None, engine=engine,
+            dtype=dtype, parent_run=None, engine=engine, limit=limit, kind="prompt",
         )
     stage = fdl.Config(
         EvalJob,
-        reward=fdl.Config(RewardManager, scorers=fdl.Config(default_scorers)),
+        reward=reward_manager(scorer, scorers),
         generations=generations,
         generation=generation,
         ks=tuple(ks),

@@ -1,50 +1,162 @@
 """`rlhf generate MODEL --data FILE --out FILE` and `rlhf eval ...`: the flags, the graph, the run.
 
 The graphs come from `rlhf_configs.generate_eval` (plain experiments); this module parses the
-flags (defaults from the graph builders' signatures), runs them, and prints where results went.
+flags (defaults from the graph builders' signatures), checks what it can before any model
+loads (numbers, the scorers and the data sources they must cover), runs them, and prints where
+results went.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import inspect
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import datasets
+
+from rlhf.data.arrow import data_sources
+from rlhf.data.files import read_rows
+from rlhf.data.schema import DataError
+from rlhf.data.sources import load_rows
+from rlhf.rewards import RewardManager, scorers_with
+from rlhf.rewards.manager import UnknownDataSourceError
 from rlhf.runtime.experiment import run_experiment
 from rlhf.runtime.preflight import PreflightError
 from rlhf_configs.generate_eval import eval_experiment, generation_experiment
 
-__all__ = ["eval_main", "generate_main"]
+__all__ = ["eval_main", "generate_main", "load_scorer"]
+
+
+def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a `kind` number in [low, high] ((low, high] with `low_open`), else one clear line."""
+    bounds = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high is not None else "")
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value < low or (low_open and value == low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its messages
+    return parse
+
+
+POSITIVE = _number(int, 1)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (the usage block is what --help is for)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def load_scorer(spec: str) -> tuple[str | None, Callable]:
+    """`module:function` or `DATA_SOURCE=module:function` -> (data_source or None for every source, the function).
+
+    Raises ValueError with what is wrong (not importable, no such function, not callable)."""
+    source, _, target = spec.rpartition("=") if "=" in spec.split(":", 1)[0] else ("", "", spec)
+    module_name, _, name = target.partition(":")
+    if not module_name or not name:
+        raise ValueError(f"--scorer {spec!r}: expected module:function or DATA_SOURCE=module:function, e.g. "
+                         "my_rewards:last_number")
+    if os.getcwd() not in sys.path:  # as `python -m` does: a my_rewards.py beside the data imports
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"--scorer {spec!r}: cannot import module {module_name!r} ({err}); put it in the current "
+                         "folder or on PYTHONPATH, or install it") from err
+    scorer = getattr(module, name, None)
+    if scorer is None:
+        raise ValueError(f"--scorer {spec!r}: module {module_name!r} ({module.__file__}) has no {name!r}")
+    if not callable(scorer):
+        raise ValueError(f"--scorer {spec!r}: {module_name}.{name} is a {type(scorer).__name__}, not a function")
+    return source or None, scorer
 
 
 def _sampling_parser(prog: str, builder):
     """The flags shared by `rlhf generate` and `rlhf eval`; defaults come from `builder`'s signature."""
     d = {name: p.default for name, p in inspect.signature(builder).parameters.items()}
-    p = argparse.ArgumentParser(prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _Parser(prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", help="prompts: .parquet / .jsonl / .json rows in verl's schema")
-    p.add_argument("--n", type=int, default=d["n"], help="responses per prompt")
-    p.add_argument("--temperature", type=float, default=d["temperature"], help="0 is greedy")
-    p.add_argument("--top-p", type=float, default=d["top_p"], help="nucleus sampling")
-    p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"], help="response length limit")
-    p.add_argument("--batch-size", type=int, default=d["batch_size"], help="prompts per generate call, all workers")
-    p.add_argument("--max-prompt-length", type=int, default=d["max_prompt_length"], help="longer prompts are skipped")
-    p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
-    p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"], help="per policy worker")
-    p.add_argument("--dtype", default=d["dtype"], help="float32, bfloat16 or float16")
+    p.add_argument("--limit", type=POSITIVE, default=d["limit"], help="use the first N prompts of --data only")
+    p.add_argument("--n", type=POSITIVE, default=d["n"], help="responses per prompt")
+    p.add_argument("--temperature", type=_number(float, 0), default=d["temperature"], help="0 is greedy")
+    p.add_argument("--top-p", type=_number(float, 0, 1, low_open=True), default=d["top_p"], help="nucleus sampling")
+    p.add_argument("--max-new-tokens", type=POSITIVE, default=d["max_new_tokens"], help="response length limit")
+    p.add_argument("--batch-size", type=POSITIVE, default=d["batch_size"],
+                   help="prompts per generate call, all workers (progress and appends come once per call); "
+                        "None: 64 responses per worker")
+    p.add_argument("--max-prompt-length", type=POSITIVE, default=d["max_prompt_length"],
+                   help="longer prompts are skipped")
+    p.add_argument("--workers", type=POSITIVE, default=d["workers"], help="data-parallel policy workers (Ray)")
+    p.add_argument("--gpus-per-worker", type=_number(float, 0), default=d["gpus_per_worker"], help="per policy worker")
+    p.add_argument("--dtype", default=d["dtype"], choices=["float32", "bfloat16", "float16"])
     p.add_argument("--engine", default=d["engine"], choices=["auto", "hf", "vllm"],
                    help="rollout engine: transformers (hf) or vLLM; auto: vLLM on a GPU where installed, else hf")
+    p.add_argument("--scorer", action="append", default=[], metavar="[DATA_SOURCE=]MODULE:FUNCTION",
+                   help="score responses with FUNCTION(response, ground_truth, extra_info) -> float | dict: every "
+                        "data source, or only DATA_SOURCE (repeat the flag for several); see docs/generate_and_eval.md")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
     p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p, d
 
 
+def _scorers(p: argparse.ArgumentParser, specs: Sequence[str]) -> dict:
+    """`scorer` (every data source) and `scorers` (per data source) for the graph builders, from --scorer flags."""
+    everywhere, per_source = None, {}
+    for spec in specs:
+        try:
+            source, scorer = load_scorer(spec)
+        except ValueError as err:
+            p.error(str(err))
+        if source is None:
+            if everywhere is not None:
+                p.error(f"--scorer {spec!r}: a scorer for every data source was already given; name a data "
+                        "source (DATA_SOURCE=module:function) for the others")
+            everywhere = scorer
+        else:
+            per_source[source] = scorer
+    return {"scorer": everywhere, "scorers": per_source or None}
+
+
+def _check_sources(sources: set[str], scorer, scorers) -> None:
+    """Exit with one line when some data source has no scorer: before any model loads, with the fix."""
+    try:
+        RewardManager(scorers_with(scorers, builtin=scorer is None), default=scorer).check_sources(sources)
+    except UnknownDataSourceError as err:
+        known = str(err).split("; Fix:")[0].split(". Fix:")[0]
+        sys.exit(f"error: {known}. Fix: pass --scorer module:function (a scorer for every data source) or "
+                 f"--scorer {sorted(sources)[0]}=module:function (see docs/generate_and_eval.md), or correct the "
+                 "rows' data_source.")
+
+
+def _data_sources(path: str, kind: str, limit: int | None) -> set[str]:
+    """The data sources of the prompts file (read and validated now: the run reads it from the cache)."""
+    was_enabled = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()  # a check, not the run: its errors are one line
+    try:
+        return data_sources(load_rows(path, kind=kind, limit=limit))
+    except (DataError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
+    finally:
+        if was_enabled:
+            datasets.enable_progress_bars()
+
+
 def _common(args) -> dict:
     return dict(n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
                 batch_size=args.batch_size, max_prompt_length=args.max_prompt_length, workers=args.workers,
                 gpus_per_worker=args.gpus_per_worker, dtype=args.dtype, engine=args.engine, local=args.local,
-                aim_repo=args.aim_repo, progress=not args.quiet)
+                aim_repo=args.aim_repo, progress=not args.quiet, limit=args.limit)
 
 
 def generate_main(argv: Sequence[str]) -> int:
@@ -54,8 +166,13 @@ def generate_main(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     if not args.data:
         p.error("--data FILE is required")
-    result = _run(generation_experiment(args.model, args.data, args.out, **_common(args)))["generate"]
+    scoring = _scorers(p, args.scorer)
+    if args.scorer:
+        _check_sources(_data_sources(args.data, "generation", args.limit), **scoring)
+    result = _run(generation_experiment(args.model, args.data, args.out, **_common(args), **scoring))["generate"]
     print(f"generations: {result['generations']}\nparquet:     {result['parquet']}")
+    if "generate/score/mean" in result["metrics"]:
+        print(f"mean score:  {result['metrics']['generate/score/mean']:.4f}")
     if result.get("run_hash"):
         print(f"aim run:     {result['run_hash']}")
     return 0
@@ -69,7 +186,7 @@ def eval_main(argv: Sequence[str]) -> int:
     p.add_argument("--ks", default=ks, help="comma-separated k of pass@k / maj@k")
     p.add_argument("--out", default=None, help="folder for eval_results.json, the plot (and generations); "
                    "None: outputs/eval/<time>/eval, not resumable")
-    p.add_argument("--n-boot", type=int, default=d["n_boot"], help="bootstrap resamples for the intervals")
+    p.add_argument("--n-boot", type=_number(int, 0), default=d["n_boot"], help="bootstrap resamples for the intervals")
     p.add_argument("--seed", type=int, default=d["seed"], help="for the bootstrap and maj@k subsets")
     args = p.parse_args(argv)
     if (args.generations is None) == (args.model is None):
@@ -80,12 +197,27 @@ def eval_main(argv: Sequence[str]) -> int:
         ks = tuple(int(k) for k in args.ks.split(","))
     except ValueError:
         p.error(f"--ks must be comma-separated integers, got {args.ks!r}")
+    if min(ks) < 1:
+        p.error(f"--ks must be positive, got {args.ks!r}")
+    scoring = _scorers(p, args.scorer)
+    if args.generations is not None:
+        _check_sources(_generation_sources(args.generations), **scoring)
+    else:
+        _check_sources(_data_sources(args.data, "prompt", args.limit), **scoring)
     graph = eval_experiment(args.generations, args.model, args.data, args.out, ks=ks, n_boot=args.n_boot,
-                            seed=args.seed, **_common(args))
+                            seed=args.seed, **_common(args), **scoring)
     result = _run(graph)["eval"]
     if result.get("run_hash"):
         print(f"aim run: {result['run_hash']}")
     return 0
+
+
+def _generation_sources(path: str) -> set[str]:
+    """The data sources of a generations file."""
+    try:
+        return {row["data_source"] for row in read_rows(path)[0]}
+    except (DataError, FileNotFoundError) as err:
+        sys.exit(f"error: {err}")
 
 
 def _run(graph) -> dict:

@@ -44,9 +44,10 @@ VERSION = "1"
 PARALLEL_FROM_ROWS = 50_000
 """`num_proc=None` maps with one process per available core from this many rows (below, forking costs more)."""
 
-RowKind = Literal["prompt", "sft"]
+RowKind = Literal["prompt", "generation", "sft"]
 OnError = Literal["raise", "skip"]  # a bad row stops the read, or is dropped and counted
-"""prompt: every row must follow verl's prompt schema; sft: chat rows with `messages` pass unchecked
+"""prompt: every row must follow verl's prompt schema; generation: the same, but `reward_model` (the
+ground truth) may be left out (prompts to generate for); sft: chat rows with `messages` pass unchecked
 (SFTDataset checks them) and the others must follow the prompt schema."""
 
 OK, BLANK, BAD = 0, 1, 2  # `status` of a row in the validation map: kept, a blank jsonl line, invalid
@@ -128,7 +129,7 @@ def normalize_row(row: Any, *, source: str, index: int, kind: RowKind = "prompt"
     row = to_python(row)
     if kind == "sft" and isinstance(row, Mapping) and "messages" in row:
         return without_none(row)
-    validate_row(row, source=source, index=index, line=line)
+    validate_row(row, source=source, index=index, line=line, require_ground_truth=kind != "generation")
     row = without_none(row)
     row.setdefault("extra_info", {})
     return row
@@ -339,7 +340,7 @@ def load_file(
         raise DataError(f"{source}: the file is empty (0 bytes). Fix: write the rows again, or point at another file.",
                         source=source)
     if file.suffix == ".json":
-        python_rows, report = read_rows(file, on_error=on_error)
+        python_rows, report = read_rows(file, on_error=on_error, require_ground_truth=kind != "generation")
         dataset = rows_from_list(python_rows, source=source, kind=kind)
     else:
         try:
@@ -348,7 +349,8 @@ def load_file(
                 cache_dir=str(Path(cache_dir).expanduser() / "datasets") if cache_dir is not None else None,
             )
         except Exception as err:  # noqa: BLE001 - datasets raises many types; read_rows words the cause
-            if not read_rows(file, on_error="raise")[0]:  # raises the exact DataError when the data is at fault
+            # raises the exact DataError when the data is at fault
+            if not read_rows(file, on_error="raise", require_ground_truth=kind != "generation")[0]:
                 raise DataError(f"{source}: the file has no rows. Fix: write the rows again, or point at another "
                                 "file.", source=source) from err
             raise DataError(f"{source}: cannot be read with `datasets` ({type(err).__name__}: {err}). "

@@ -54,12 +54,13 @@ class ReadReport:
 
 
 def read_rows(
-    path: str | Path, *, on_error: Literal["raise", "skip"] = "raise"
+    path: str | Path, *, on_error: Literal["raise", "skip"] = "raise", require_ground_truth: bool = True
 ) -> tuple[list[dict], ReadReport]:
     """Load and validate the rows of a `.parquet`, `.jsonl` or `.json` (a list of rows) file.
 
     on_error: "raise" stops at the first bad row with a `DataError` naming file, row and
       field; "skip" drops bad rows (and undecodable jsonl lines) and counts them in the report.
+    require_ground_truth: False accepts rows without `reward_model` (prompts to generate for).
     """
     if on_error not in ("raise", "skip"):
         raise ValueError(f'on_error must be "raise" or "skip", got {on_error!r}')
@@ -71,7 +72,7 @@ def read_rows(
         report.rows_total += 1
         try:
             row = to_python(row)
-            validate_row(row, source=str(path), index=index, line=line)
+            validate_row(row, source=str(path), index=index, line=line, require_ground_truth=require_ground_truth)
         except DataError as err:
             if on_error == "raise":
                 raise
@@ -193,10 +194,11 @@ def parse_jsonl_line(raw: bytes, path: str | Path, index: int, line_number: int)
     raise DataError(problem, source=str(path), index=index)
 
 
-def write_rows(rows: Iterable[Mapping], path: str | Path) -> Path:
+def write_rows(rows: Iterable[Mapping], path: str | Path, *, require_ground_truth: bool = True) -> Path:
     """Validate all rows, then write them to `.parquet`, `.jsonl` or `.json` atomically.
 
     Nothing is written if any row is bad, and a crash mid-write leaves no partial file.
+    `require_ground_truth=False` accepts rows without `reward_model` (generations of such prompts).
     """
     path = Path(path)
     if path.suffix not in SUFFIXES:
@@ -206,7 +208,7 @@ def write_rows(rows: Iterable[Mapping], path: str | Path) -> Path:
         )
     rows = [to_python(row) for row in rows]
     for index, row in enumerate(rows):
-        validate_row(row, source=f"rows for {path}", index=index)
+        validate_row(row, source=f"rows for {path}", index=index, require_ground_truth=require_ground_truth)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:

@@ -19,7 +19,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.data.arrow import as_rows, cache_key, cached_map, data_sources, rows_fingerprint, source_name, tokenizer_key
-from rlhf.data.schema import DataError, ground_truth
+from rlhf.data.schema import DataError, ground_truth, has_ground_truth
 from rlhf.data.tokenize import chat_prompt_ids_batch, left_pad, position_ids, shuffled_batches
 
 Overlong = Literal["filter", "error", "truncate_left", "truncate_right", "truncate_middle"]
@@ -214,7 +214,7 @@ def collate_prompts(
     columns = {
         "uid": list(uids),
         "data_source": [r["data_source"] for r in rows],
-        "ground_truth": [ground_truth(r) for r in rows],
+        "ground_truth": [ground_truth(r) if has_ground_truth(r) else None for r in rows],  # None: generation only
         "extra_info": [r.get("extra_info") or {} for r in rows],
     }
     if raw_prompt:  # verl's `raw_prompt` (data.return_raw_chat): the untruncated messages

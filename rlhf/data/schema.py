@@ -72,11 +72,15 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def validate_row(row: Mapping, *, source: str, index: int, line: int | None = None) -> None:
+def validate_row(
+    row: Mapping, *, source: str, index: int, line: int | None = None, require_ground_truth: bool = True
+) -> None:
     """Raise `DataError` unless `row` follows the prompt-row schema.
 
     `source` names the file (or generator) and `index` the 0-based row number, so the
     message points at the bad row; `line` (1-based, for jsonl) is added when known.
+    `require_ground_truth=False` accepts rows without `reward_model` (or its `ground_truth`):
+    prompts to generate for, which nothing compares against a reference.
     """
     where = f"{source}, row {index}" + (f" (line {line})" if line is not None else "")
 
@@ -110,20 +114,36 @@ def validate_row(row: Mapping, *, source: str, index: int, line: int | None = No
     if "ability" in row and row["ability"] is not None and not isinstance(row["ability"], str):
         raise fail("ability", f"must be a string, got {_type_name(row['ability'])}", 'use e.g. "math"')
 
-    if "reward_model" not in row:
+    _validate_reward_model(row, fail, require_ground_truth)
+
+    extra_info = row.get("extra_info")
+    if extra_info is not None and not isinstance(extra_info, Mapping):
+        raise fail(
+            "extra_info",
+            f"must be a dict, got {_type_name(extra_info)}",
+            'use a dict such as {"split": "train", "index": 0}, or leave it out',
+        )
+
+
+def _validate_reward_model(row: Mapping, fail: Callable[[str, str, str], DataError], required: bool) -> None:
+    """`reward_model` with its `ground_truth`; when not `required`, both may be absent (None counts as absent)."""
+    reward_model = row.get("reward_model")
+    if not required and (reward_model is None or (
+            isinstance(reward_model, Mapping) and reward_model.get("ground_truth") is None)):
+        return
+    if reward_model is None:
         raise fail(
             "reward_model",
             "is missing",
             'add {"style": "rule", "ground_truth": "<answer>"} with the reference answer',
         )
-    reward_model = row["reward_model"]
     if not isinstance(reward_model, Mapping):
         raise fail(
             "reward_model",
             f"must be a dict, got {_type_name(reward_model)}",
             'use {"style": "rule", "ground_truth": "<answer>"}',
         )
-    if "ground_truth" not in reward_model or reward_model["ground_truth"] is None:
+    if reward_model.get("ground_truth") is None:
         raise fail(
             "reward_model.ground_truth",
             "is missing",
@@ -139,14 +159,6 @@ def validate_row(row: Mapping, *, source: str, index: int, line: int | None = No
     style = reward_model.get("style")
     if style is not None and not isinstance(style, str):
         raise fail("reward_model.style", f"must be a string, got {_type_name(style)}", 'use "rule"')
-
-    extra_info = row.get("extra_info")
-    if extra_info is not None and not isinstance(extra_info, Mapping):
-        raise fail(
-            "extra_info",
-            f"must be a dict, got {_type_name(extra_info)}",
-            'use a dict such as {"split": "train", "index": 0}, or leave it out',
-        )
 
 
 def _validate_prompt(row: Mapping, fail: Callable[[str, str, str], DataError]) -> None:
@@ -196,6 +208,12 @@ def _validate_prompt(row: Mapping, fail: Callable[[str, str, str], DataError]) -
             )
     if not any(message["content"].strip() for message in prompt):
         raise fail("prompt", "has only empty messages", "put the question in the user message's content")
+
+
+def has_ground_truth(row: Mapping) -> bool:
+    """Whether the row has a `reward_model.ground_truth` (rows read for generation only may not)."""
+    reward_model = row.get("reward_model") if isinstance(row, Mapping) else None
+    return isinstance(reward_model, Mapping) and reward_model.get("ground_truth") is not None
 
 
 def ground_truth(row: Mapping) -> str:

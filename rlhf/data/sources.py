@@ -8,8 +8,9 @@ from typing import Any, Literal
 
 import datasets
 
-from rlhf.data.arrow import load_file
+from rlhf.data.arrow import RowKind, load_file, mark_source, source_name
 from rlhf.data.streaming import stream_file
+from rlhf.ranges import PositiveInt
 
 
 def load_rows(
@@ -18,14 +19,19 @@ def load_rows(
     streaming: bool = False,  # True: an IterableDataset read lazily (for StreamingPromptDataset), nothing cached
     cache_dir: str | None = None,  # None: $HF_DATASETS_CACHE (see rlhf.data.arrow.cache_root)
     num_proc: int | None = None,  # processes for validating; None: one per core from 50k rows
+    kind: RowKind = "prompt",  # "generation": rows may leave out reward_model (nothing scores them)
+    limit: PositiveInt | None = None,  # keep the first `limit` rows only; None: all
 ) -> datasets.Dataset | datasets.IterableDataset:
     """Rows of a parquet / JSON Lines / JSON file in verl's schema, as a validated Arrow dataset
     (`rlhf.data.arrow`): memory-mapped, cached, and checked row by row (errors name file, row, field)."""
     if streaming:
-        return stream_file(path, on_error=on_error)
-    rows, report = load_file(path, kind="prompt", on_error=on_error, cache_dir=cache_dir, num_proc=num_proc)
+        rows = stream_file(path, on_error=on_error, kind=kind)
+        return rows.take(limit) if limit is not None else rows
+    rows, report = load_file(path, kind=kind, on_error=on_error, cache_dir=cache_dir, num_proc=num_proc)
     if report.rows_skipped:
         warnings.warn(str(report))
+    if limit is not None and limit < len(rows):
+        rows = mark_source(rows.select(range(limit)), source_name(rows, str(path)))
     return rows
 
 
@@ -33,12 +39,13 @@ def _preflight(arguments: Mapping[str, Any]) -> None:
     """Read and validate the file now (the result is cached for the run), so a missing or empty file
     or a bad row stops the run before training."""
     if isinstance(arguments.get("path"), str):
+        kind = arguments.get("kind", "prompt")
         if arguments.get("streaming"):
-            stream_file(arguments["path"], on_error=arguments.get("on_error", "raise"), check=True)
+            stream_file(arguments["path"], on_error=arguments.get("on_error", "raise"), kind=kind, check=True)
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the run's own build warns about skipped rows
-            load_file(arguments["path"], kind="prompt", on_error=arguments.get("on_error", "raise"),
+            load_file(arguments["path"], kind=kind, on_error=arguments.get("on_error", "raise"),
                       cache_dir=arguments.get("cache_dir"), num_proc=arguments.get("num_proc"))
 
 

@@ -24,7 +24,15 @@ from rlhf.rewards.manager import (
 )
 from rlhf.rewards.math import is_equivalent, last_boxed, math_answer, math_score
 from rlhf.rewards.pool import WorkerPoolError
-from rlhf.rewards.registry import EXTRACTORS, RULES, SCORERS, SourceRules, default_extractors, default_scorers
+from rlhf.rewards.registry import (
+    EXTRACTORS,
+    RULES,
+    SCORERS,
+    SourceRules,
+    default_extractors,
+    default_scorers,
+    scorers_with,
+)
 from rlhf.rewards.sandbox import SandboxError
 
 
@@ -49,6 +57,7 @@ __all__ = [
     "code_score",
     "countdown_score",
     "default_scorers",
+    "scorers_with",
     "exact_match_score",
     "digit_match_score",
     "gsm8k_flexible",

@@ -91,6 +91,9 @@ class CombinedReward:
         errors = [metrics[f"reward/{name}/errors"] for name in self.sources if f"reward/{name}/errors" in metrics]
         if errors:
             metrics["reward/errors"] = sum(errors)  # all sources' failures, as a RewardManager reports them
+        nonfinite = [metrics.get(f"reward/{name}/extra_nonfinite") for name in self.sources]
+        if any(nonfinite):
+            metrics["reward/extra_nonfinite"] = sum(n for n in nonfinite if n)
         return RewardOutput(scores=scores, extras=extras, metrics=metrics)
 
     def close(self) -> None:

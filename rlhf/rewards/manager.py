@@ -8,6 +8,8 @@ the manager (in Python or in the experiment graph), e.g.::
 
 A scorer is called as `scorer(response, ground_truth, extra_info)` and returns a float,
 or a dict with a "score" and any other values to report per row (they become `extras`).
+`default` scores the data sources the dict does not name (`RewardManager({}, default=my_score)`
+scores every row with `my_score`, which is what `rlhf eval --scorer module:function` builds).
 
 A **batched** scorer (any callable with a true `batched` attribute, e.g. `Batched(fn)` or a
 model-reward class that sets `batched = True`) is called once per manager call with the
@@ -25,7 +27,9 @@ for scorers that cost ~1 ms or more a row (or may hang); for a ~10 us rule such 
 
 Failures: "reward/errors" counts every row given `fallback_score` (exceptions, timeouts,
 dead workers), "reward/errors/<data_source>" per source, and "reward/timeouts" (reported
-when `timeout_s` is set) the rows that ran out of time.
+when `timeout_s` is set) the rows that ran out of time. A non-finite number (NaN, inf) among a
+dict scorer's extra values is kept as it is and counted in "reward/extra_nonfinite" and
+"reward/extra_nonfinite/<name>"; both kinds are also logged as warnings.
 
 **Overlong shaping** (DAPO, Yu et al. 2025, "soft overlong punishment"): with
 `overlong_buffer_len` set, a response of L tokens gets, on top of its score, the penalty
@@ -156,9 +160,11 @@ class RewardManager:
         chunk_size: int | None = None,
         overlong_buffer_len: int | None = None,
         overlong_penalty_factor: float = 1.0,
+        default: Scorer | None = None,
     ) -> None:
         """
         scorers: data_source -> scorer function (see `rlhf.rewards.default_scorers()`).
+        default: the scorer of every data_source not in `scorers`; None: such a row is an error.
         strict: re-raise a scorer failure (with row and data_source); when False, the row
           gets `fallback_score` and the failure is counted in metrics "reward/errors".
         fallback_score: the score of a row whose scorer failed or timed out (strict=False only).
@@ -172,6 +178,8 @@ class RewardManager:
         for name, scorer in scorers.items():
             if not callable(scorer):
                 raise TypeError(f"RewardManager: the scorer for data_source {name!r} is not callable: {scorer!r}")
+        if default is not None and not callable(default):
+            raise TypeError(f"RewardManager: the default scorer is not callable: {default!r}")
         if not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(f"RewardManager: num_workers must be an int >= 0, got {num_workers!r}")
         if timeout_s is not None and not timeout_s > 0:
@@ -193,7 +201,11 @@ class RewardManager:
         self.chunk_size = chunk_size
         self.overlong_buffer_len = overlong_buffer_len
         self.overlong_penalty_factor = float(overlong_penalty_factor)
-        self._pooled = {name: s for name, s in self.scorers.items() if not is_batched(s)}
+        self.default = default
+        # "" is no data_source (rows need a non-empty one): the default scorer's key
+        table = {**self.scorers, **({"": default} if default is not None else {})}
+        self._table = table
+        self._pooled = {name: s for name, s in table.items() if not is_batched(s)}
         if num_workers:
             _check_picklable(self._pooled)
         self._pool: WorkerPool | None = None
@@ -201,13 +213,14 @@ class RewardManager:
 
     def check_sources(self, data_sources: Iterable[str]) -> None:
         """Raise `UnknownDataSourceError` if any data_source has no scorer (call before training)."""
-        unknown = sorted({str(s) for s in data_sources} - set(self.scorers))
+        unknown = sorted({str(s) for s in data_sources} - set(self.scorers)) if self.default is None else []
         if unknown:
             raise UnknownDataSourceError(
                 f"no reward scorer for data_source {', '.join(map(repr, unknown))}; scorers are known "
                 f"for {', '.join(map(repr, sorted(self.scorers))) or 'nothing'}. Fix: add the missing "
                 "source to the scorers dict given to RewardManager (e.g. {**default_scorers(), "
-                f"{unknown[0]!r}: my_score}}), or correct the rows' data_source."
+                f"{unknown[0]!r}: my_score}}), give it a default scorer for every other source, or correct the "
+                "rows' data_source."
             )
 
     def check_generation_limit(self, max_new_tokens: int) -> None:
@@ -285,6 +298,7 @@ class RewardManager:
 
         metrics = {"reward/errors": float(sum(errors.values()))}
         metrics.update({f"reward/errors/{source}": float(n) for source, n in errors.items()})
+        metrics.update(_nonfinite_extras(row_extras))
         if self.timeout_s is not None:
             metrics["reward/timeouts"] = float(timeouts)
         if errors:
@@ -325,18 +339,19 @@ class RewardManager:
         causes: dict[int, BaseException] = {}
         batched: dict[str, list[int]] = {}
         pooled: list[int] = []
-        for i, source in enumerate(data_sources):
-            (pooled if source in self._pooled else batched.setdefault(source, [])).append(i)
+        keys = [source if source in self.scorers else "" for source in data_sources]  # "": the default scorer
+        for i, key in enumerate(keys):
+            (pooled if key in self._pooled else batched.setdefault(key, [])).append(i)
         for source, rows in batched.items():
             self._score_batched(source, rows, responses, ground_truths, extra_infos, outcomes, causes)
         if self.num_workers and pooled:
-            rows = [(data_sources[i], responses[i], ground_truths[i], extra_infos[i]) for i in pooled]
+            rows = [(keys[i], responses[i], ground_truths[i], extra_infos[i]) for i in pooled]
             for i, outcome in zip(pooled, self._map(rows)):
                 outcomes[i] = outcome
         else:
             for i in pooled:
                 try:
-                    value = _score_with(self._pooled, data_sources[i], responses[i], ground_truths[i], extra_infos[i])
+                    value = _score_with(self._pooled, keys[i], responses[i], ground_truths[i], extra_infos[i])
                     outcomes[i] = ("ok", value)
                 except (Exception, SystemExit) as err:  # sys.exit() in a scorer must not end training
                     outcomes[i] = ("error", f"{type(err).__name__}: {err}")
@@ -346,7 +361,7 @@ class RewardManager:
     def _score_batched(self, source, rows, responses, ground_truths, extra_infos, outcomes, causes) -> None:
         """One call of the batched scorer of `source` with all its rows; failures mark every row."""
         try:
-            results = list(self.scorers[source](
+            results = list(self._table[source](
                 [responses[i] for i in rows], [ground_truths[i] for i in rows], [extra_infos[i] for i in rows]
             ))
             if len(results) != len(rows):
@@ -403,9 +418,25 @@ class RewardManager:
             if self.overlong_buffer_len is not None else ""
         )
         return (
-            f"RewardManager(sources={sorted(self.scorers)}, strict={self.strict}, "
+            f"RewardManager(sources={sorted(self.scorers)}, default={self.default!r}, strict={self.strict}, "
             f"fallback_score={self.fallback_score}{parallel}{overlong})"
         )
+
+
+def _nonfinite_extras(row_extras: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """"reward/extra_nonfinite" (and per name) counts of NaN/inf numbers among the rows' extra values, with a
+    warning naming them; empty when every number is finite."""
+    counts: dict[str, int] = {}
+    for extras in row_extras:
+        for name, value in extras.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isfinite(value):
+                counts[name] = counts.get(name, 0) + 1
+    if not counts:
+        return {}
+    logger.warning("reward scorers returned non-finite extra values: %s",
+                   ", ".join(f"{name!r} in {n} row(s)" for name, n in sorted(counts.items())))
+    return {"reward/extra_nonfinite": float(sum(counts.values())),
+            **{f"reward/extra_nonfinite/{name}": float(n) for name, n in counts.items()}}
 
 
 def _check_picklable(scorers: Mapping[str, Scorer]) -> None:
@@ -414,8 +445,9 @@ def _check_picklable(scorers: Mapping[str, Scorer]) -> None:
         try:
             pickle.dumps(scorer)
         except (pickle.PicklingError, TypeError, AttributeError) as err:
+            which = f"scorer for data_source {name!r}" if name else "default scorer"
             raise TypeError(
-                f"RewardManager(num_workers>0): the scorer for data_source {name!r} ({scorer!r}) cannot be "
+                f"RewardManager(num_workers>0): the {which} ({scorer!r}) cannot be "
                 f"sent to worker processes: {err}. Fix: define it at module level (a lambda or a function "
                 "defined inside another function cannot be pickled); bind options with functools.partial; "
                 "or score in-process with num_workers=0."

@@ -73,6 +73,12 @@ def default_scorers() -> dict[str, Scorer]:
     return dict(SCORERS)
 
 
+def scorers_with(overrides: dict[str, Scorer] | None = None, builtin: bool = True) -> dict[str, Scorer]:
+    """`default_scorers()` (or nothing, when not `builtin`) with `overrides` (data_source -> scorer) on top:
+    the scorers of `rlhf eval --scorer SOURCE=module:function`."""
+    return {**(default_scorers() if builtin else {}), **(overrides or {})}
+
+
 def default_extractors() -> dict[str, Extractor]:
     """The maj@k answer extractor of each data_source in `RULES` that has one (the others get no
     maj@k). A fresh dict each call: extend or override it and pass it to `EvalJob`."""

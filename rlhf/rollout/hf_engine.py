@@ -12,10 +12,12 @@ Built from a model folder like every engine (`HFEngine(path)`, rlhf.rollout.engi
 policy worker instead shares the actor's module on its device (`HFEngine.sharing`): the
 weights are the trainer's own, so `update_weights` has nothing to do there.
 
-Memory: `max_rows_per_call` decodes the batch in chunks of whole prompt groups (a prompt's
-n samples stay in one call), each chunk trimmed to its own longest prompt, so the KV cache
-and logits of one call bound the rollout's memory; the chunks' responses are padded to the
-longest and concatenated in order.
+Rows leave the batch as they finish, KV cache included, so a long tail costs only the rows in
+it (continuous batching, `rlhf.rollout.decode`). Memory: `max_rows_per_call` caps the rows
+decoding at once (whole prompt groups: a prompt's n samples decode together); the KV cache is
+allocated for that many rows, and pending prompt groups take the slots of finished rows as they
+free up. `continuous_batching=False` is the static batch (every row of a wave decodes until its
+slowest row ends), kept for comparison.
 """
 
 from __future__ import annotations
@@ -45,11 +47,13 @@ class HFEngine:
         device: torch.device | str = "cpu",
         use_generate: bool = False,  # True: transformers' `generate` (slower; the reference the loop is tested against)
         lean: bool = True,  # decoding steps through rlhf.rollout.lean_decoder where the model supports it
-        max_rows_per_call: int | None = None,  # responses per decode call, whole prompt groups (at least one); None: all
+        max_rows_per_call: int | None = None,  # rows decoding at once, whole prompt groups (at least one); None: all
         check_every: int | None = None,  # decoding steps between host checks for EOS; None: decode.default_check_every
+        continuous_batching: bool = True,  # finished rows leave (and free their slot); False: the static batch
     ):
         model = load_causal_lm(model_path, dtype=dtype).to(device).eval()
-        self._setup(model, load_tokenizer(model_path), use_generate, lean, max_rows_per_call, check_every)
+        self._setup(model, load_tokenizer(model_path), use_generate, lean, max_rows_per_call, check_every,
+                    continuous_batching)
         self.shares_weights = False
 
     @classmethod
@@ -61,15 +65,17 @@ class HFEngine:
         lean: bool = True,
         max_rows_per_call: int | None = None,
         check_every: int | None = None,
+        continuous_batching: bool = True,
     ) -> HFEngine:
         """An engine generating with `model` itself (the policy worker's actor, or a model already
         loaded): no copy, and `update_weights` does nothing because the weights are the caller's."""
         engine = cls.__new__(cls)
-        engine._setup(model, tokenizer, use_generate, lean, max_rows_per_call, check_every)
+        engine._setup(model, tokenizer, use_generate, lean, max_rows_per_call, check_every, continuous_batching)
         engine.shares_weights = True
         return engine
 
-    def _setup(self, model, tokenizer, use_generate, lean, max_rows_per_call, check_every) -> None:
+    def _setup(self, model, tokenizer, use_generate, lean, max_rows_per_call, check_every,
+               continuous_batching) -> None:
         if max_rows_per_call is not None and max_rows_per_call < 1:
             raise ValueError(f"HFEngine: max_rows_per_call must be >= 1 or None (no limit), got {max_rows_per_call}")
         self.model = model
@@ -77,6 +83,7 @@ class HFEngine:
         self.lean = lean
         self.max_rows_per_call = max_rows_per_call
         self.check_every = check_every
+        self.continuous_batching = continuous_batching
         self.tokenizer = tokenizer
         eos = model.generation_config.eos_token_id
         eos = eos if isinstance(eos, list) else [eos]
@@ -113,11 +120,10 @@ class HFEngine:
         """Sample `sampling.n` responses for every prompt row; rows of one prompt stay adjacent.
 
         `seed`: a private RNG stream (the same seed gives the same samples whatever ran before);
-        None: torch's global RNG. With `max_rows_per_call`, prompts are decoded
-        max(1, max_rows_per_call // n) at a time. Greedy outputs equal one call's (log-probs within
-        float rounding: the chunks' shapes differ); sampled outputs follow the same distribution,
-        but a seed gives other samples than one call would, since the chunks draw their random
-        numbers one after another.
+        None: torch's global RNG. Greedy outputs do not depend on `max_rows_per_call` or on
+        continuous batching (log-probs within float rounding); sampled outputs follow the same
+        distribution, but a seed gives other samples under other settings (rows decoding together
+        share each step's random draw call).
         """
         if seed is None:
             return self._generate_all(prompts, sampling)
@@ -127,43 +133,38 @@ class HFEngine:
             return self._generate_all(prompts, sampling)
 
     def _generate_all(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        per_call = len(prompts)
-        if self.max_rows_per_call is not None:
-            per_call = max(1, self.max_rows_per_call // sampling.n)
         was_training = self.model.training
         self.model.eval()
         try:
-            chunks = [
-                self._decode(prompts["input_ids"][i : i + per_call], prompts["attention_mask"][i : i + per_call],
-                             sampling)
-                for i in range(0, len(prompts), per_call)
-            ]
+            if self.use_generate:
+                responses, rollout_log_probs = self._generate_in_chunks(prompts, sampling)
+            else:
+                responses, rollout_log_probs = sample(
+                    self.model, prompts["input_ids"], prompts["attention_mask"], n=sampling.n,
+                    max_new_tokens=sampling.max_new_tokens, eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id, temperature=sampling.temperature, top_k=sampling.top_k,
+                    top_p=sampling.top_p, logprob_temperature=sampling.logit_temperature,
+                    min_new_tokens=sampling.min_new_tokens, lean=self.lean, check_every=self.check_every,
+                    max_rows=self.max_rows_per_call, continuous=self.continuous_batching,
+                )
         finally:
             self.model.train(was_training)
-        responses, rollout_log_probs = self._concat(chunks)
         return rollout_batch(prompts, responses, rollout_log_probs, sampling, self.eos_token_ids, self.pad_token_id)
 
-    def _decode(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, sampling: SamplingParams
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(responses (U*n,R), log-probs (U*n,R)) for U left-padded prompts, trimmed to their longest prompt."""
-        keep = attention_mask.any(dim=0)
-        start = int(keep.int().argmax()) if bool(keep.any()) else 0  # columns before it pad every prompt
-        input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
-        if self.use_generate:  # `generate` takes every sample's row: repeat the prompts
-            if sampling.n > 1:
+    def _generate_in_chunks(self, prompts: Batch, sampling: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+        """transformers' `generate` over chunks of max(1, max_rows_per_call // n) prompts (a static batch
+        each), their responses right-padded to the longest (pad token, log-prob 0) and stacked in order."""
+        per_call = len(prompts) if self.max_rows_per_call is None else max(1, self.max_rows_per_call // sampling.n)
+        chunks = []
+        for i in range(0, len(prompts), per_call):
+            input_ids, attention_mask = prompts["input_ids"][i : i + per_call], prompts["attention_mask"][i : i + per_call]
+            keep = attention_mask.any(dim=0)
+            start = int(keep.int().argmax()) if bool(keep.any()) else 0  # columns before it pad every prompt
+            input_ids, attention_mask = input_ids[:, start:], attention_mask[:, start:]
+            if sampling.n > 1:  # `generate` takes every sample's row: repeat the prompts
                 input_ids = input_ids.repeat_interleave(sampling.n, dim=0)
                 attention_mask = attention_mask.repeat_interleave(sampling.n, dim=0)
-            return self._generate(input_ids, attention_mask, sampling)
-        return sample(
-            self.model, input_ids, attention_mask, n=sampling.n, max_new_tokens=sampling.max_new_tokens,
-            eos_token_ids=self.eos_token_ids, pad_token_id=self.pad_token_id, temperature=sampling.temperature,
-            top_k=sampling.top_k, top_p=sampling.top_p, logprob_temperature=sampling.logit_temperature,
-            min_new_tokens=sampling.min_new_tokens, lean=self.lean, check_every=self.check_every,
-        )
-
-    def _concat(self, chunks: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Chunks' (responses, log-probs) stacked in order, right-padded to the longest (pad token, log-prob 0)."""
+            chunks.append(self._generate(input_ids, attention_mask, sampling))
         if len(chunks) == 1:
             return chunks[0]
         r = max(tokens.shape[1] for tokens, _ in chunks)

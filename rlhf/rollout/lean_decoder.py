@@ -6,13 +6,15 @@ table, grows the KV cache with `torch.cat` and dispatches attention through SDPA
 kernel is slower than two matmuls at one query token. `LeanDecoder` runs the same layers
 from the model's parameters as they are when the rollout starts (the hybrid engine updates
 them between rollouts, never during one) with what a step needs only:
-- a preallocated KV cache (B, kv_heads, P + max_new_tokens, D) written in place;
+- a preallocated KV cache (rows, kv_heads, P + max_new_tokens, D) written in place, whose rows
+  sequences enter (`add`, with their prefill) and leave (`select`) as decoding goes;
 - the q/k/v projections as one matmul, and the MLP's gate and up projections as one (their
   weights concatenated once per rollout);
-- the rotary table of every future position computed once per rollout;
-- the padding bias computed once; grouped-query attention as two batched matmuls with the
-  query heads grouped per KV head (no `repeat_kv` copy).
-The prompt prefill still runs through the model's own forward (one call per rollout).
+- the rotary table of every position computed once per rollout;
+- the padding bias kept per row, each new column unmasked as it is written;
+- grouped-query attention as two batched matmuls with the query heads grouped per KV head (no
+  `repeat_kv` copy).
+Prompt prefills still run through the model's own forward (one call per group of prompts admitted).
 Tests (tests/rollout/test_lean_decoder.py) check the step logits against the model's forward.
 A model is recognised by its config and module tree (`supports`), not its class name, so a
 module sharded by FSDP2's `fully_shard` (class `FSDPQwen2ForCausalLM`) keeps the lean step:
@@ -159,21 +161,29 @@ class _Layer(NamedTuple):
 
 
 class LeanDecoder:
-    """One-token decoding steps over a preallocated KV cache, filled from a prefill's DynamicCache.
+    """One-token decoding steps for up to `rows` sequences, each with its own place in a preallocated KV cache.
 
-    The KV cache holds exactly the rows and positions the rollout can use: (B, kv_heads,
-    P + max_new_tokens, D), P the (left-padded) prompt length of this call. The weights are read
-    once, here: plain tensors, FSDP2 shards gathered, cast to the dtype the prefill computed in.
+    The cache is (rows, kv_heads, columns, D) per layer. A sequence enters with its prompt's
+    prefill (`add`: the prefill's columns, left padding included, then its decoded tokens one
+    column after another) and leaves at any step (`select`), so a finished row stops costing
+    compute and its slot can take a new prompt (continuous batching, rlhf.rollout.decode). The
+    active sequences are the first `self.rows` rows of every buffer. Each row has its own write
+    column and rotary position; attention reads the columns up to the furthest row's, each row's
+    unwritten and padding columns masked out. Rows admitted together (one `add`) share their write
+    column, so a batch that is never refilled computes exactly what one static batch would.
+    The weights are read once, here: plain tensors, FSDP2 shards gathered (a collective: every
+    rank builds its decoder at the same point), cast to `dtype`, the dtype the model's own
+    forward computed the prefill in.
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        prefill_cache: DynamicCache,  # (U, kv_heads, P, D) per layer, from the prompt pass
-        n: int,  # rows per prompt: the cache is repeated n times (rows of a prompt adjacent)
-        attention_mask: torch.Tensor,  # (B, P + max_new_tokens): 1 on real tokens and every decoded position
-        first_positions: torch.Tensor,  # (B, 1): rotary position of the first decoded token
-        max_new_tokens: int,
+        rows: int,  # sequences decoding at once, at most
+        columns: int,  # prompt (left-padded) + decoded tokens per sequence, at most
+        dtype: torch.dtype,
+        device: torch.device,
+        min_rows: int = 1,  # matmuls run on at least this many rows (zero rows added), see rlhf.rollout.decode
     ):
         cfg = model.config
         body = model.model
@@ -181,23 +191,20 @@ class LeanDecoder:
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
         self.scale = body.layers[0].self_attn.scaling
-        b, total = attention_mask.shape
-        self.prompt_len = total - max_new_tokens
-        cached = prefill_cache.layers[: len(body.layers)]
-        dtype, device = cached[0].keys.dtype, cached[0].keys.device  # what the model's own forward computed in
-        self.keys, self.values = [], []
-        for layer in cached:
-            k = torch.empty((b, self.kv_heads, total, self.head_dim), dtype=dtype, device=device)
-            v = torch.empty_like(k)
-            k[:, :, : self.prompt_len] = layer.keys.repeat_interleave(n, dim=0) if n > 1 else layer.keys
-            v[:, :, : self.prompt_len] = layer.values.repeat_interleave(n, dim=0) if n > 1 else layer.values
-            self.keys.append(k)
-            self.values.append(v)
-        bias = torch.zeros((b, 1, 1, total), dtype=torch.float32, device=device)
-        self.bias = bias.masked_fill_(attention_mask[:, None, None, :] == 0, float("-inf"))
-        positions = first_positions + torch.arange(max_new_tokens, device=device)  # (B, max_new)
-        cos, sin = body.rotary_emb(self.keys[0], positions)  # (B, max_new, D)
-        self.cos, self.sin = cos[:, :, None, :], sin[:, :, None, :]  # broadcast over heads
+        self.capacity, self.columns, self.min_rows = rows, columns, min_rows
+        shape = (rows, self.kv_heads, columns, self.head_dim)
+        # zeros, not empty: a reused slot's stale columns are masked, and masked values must be finite
+        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
+        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
+        self.bias = torch.full((rows, 1, 1, columns), float("-inf"), dtype=torch.float32, device=device)
+        self.column = torch.zeros(rows, dtype=torch.long, device=device)  # where each row's next key goes
+        self.position = torch.zeros(rows, dtype=torch.long, device=device)  # each row's next rotary position
+        self.index = torch.arange(rows, device=device)
+        cos, sin = body.rotary_emb(self.keys[0][:1], torch.arange(columns, device=device)[None])  # (1, columns, D)
+        self.cos, self.sin = cos[0], sin[0]  # looked up by position (a position is never beyond its column)
+        self.rows = 0  # active rows: the first `rows` of every buffer
+        self.steps = 0  # steps taken; a row's write column is its base + steps (host-side, no device reads)
+        self._base: list[int] = []
         gathered: dict[int, torch.Tensor | None] = {}  # tied weights are gathered once
 
         def full(p: torch.Tensor | None) -> torch.Tensor | None:
@@ -233,26 +240,95 @@ class LeanDecoder:
             w_down=full(mlp.down_proj.weight), b_down=full(mlp.down_proj.bias), act=mlp.act_fn,
         )
 
+    @property
+    def free(self) -> int:
+        """Rows that can still be added."""
+        return self.capacity - self.rows
+
+    def add(self, prefill_cache: DynamicCache, attention_mask: torch.Tensor, n: int) -> None:
+        """Append the n samples of each of U prefilled prompts as rows (the samples of a prompt adjacent).
+
+        prefill_cache: (U, kv_heads, P, D) per layer, from the model's forward over the prompts;
+        attention_mask: (U, P) 1 on prompt tokens (left padding 0). Their first decoded tokens go to
+        column P, at rotary position (prompt length).
+        """
+        u, p = attention_mask.shape
+        lo, hi = self.rows, self.rows + u * n
+        if hi > self.capacity or p + 1 > self.columns:
+            raise ValueError(f"LeanDecoder.add: {u * n} rows of {p} columns do not fit ({self.free} rows free, "
+                             f"{self.columns} columns)")
+        for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
+            keys[lo:hi, :, :p].view(u, n, self.kv_heads, p, self.head_dim).copy_(layer.keys[:, None])
+            values[lo:hi, :, :p].view(u, n, self.kv_heads, p, self.head_dim).copy_(layer.values[:, None])
+        mask = attention_mask.repeat_interleave(n, dim=0) if n > 1 else attention_mask
+        self.bias[lo:hi] = float("-inf")  # a reused slot: its old row's columns are masked again
+        self.bias[lo:hi, 0, 0, :p].masked_fill_(mask.bool(), 0.0)
+        self.column[lo:hi] = p
+        self.position[lo:hi] = mask.sum(dim=1)
+        self.rows = hi
+        self._base.extend([p - self.steps] * (hi - lo))
+
+    def select(self, keep: list[int]) -> None:
+        """Keep the rows `keep` (indices of active rows, in their new order), drop the others.
+
+        Only rows whose place changes are copied (the columns written so far), so dropping rows
+        with swap-remove order (the survivors that stay where they are, the last survivors moved
+        into the holes: see rlhf.rollout.decode) copies at most as many rows as were dropped.
+        """
+        moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
+        if moves:
+            dst = torch.tensor([d for d, _ in moves], device=self.column.device)
+            src = torch.tensor([s for _, s in moves], device=self.column.device)
+            used = max(self._base) + self.steps  # the furthest column written so far
+            for buffer in (*self.keys, *self.values):
+                buffer[dst, :, :used] = buffer[src, :, :used]
+            self.bias[dst] = self.bias[src]
+            self.column[dst] = self.column[src]
+            self.position[dst] = self.position[src]
+        self._base = [self._base[i] for i in keep]
+        self.rows = len(keep)
+
     @torch.no_grad()
-    def step(self, token: torch.Tensor, t: int) -> torch.Tensor:
-        """Logits (B, V) after feeding `token` (B,) as decoded token t (0-based). No host sync."""
+    def step(self, token: torch.Tensor) -> torch.Tensor:
+        """Logits (B, V) after feeding `token` (B,) to the B active rows. No host sync."""
         b = token.shape[0]
-        slot = self.prompt_len + t
-        length = slot + 1
+        if b != self.rows:
+            raise ValueError(f"LeanDecoder.step: {b} tokens for {self.rows} active rows")
+        furthest = max(self._base)
+        length = furthest + self.steps + 1  # columns any row attends to, its own new one included
+        if furthest == min(self._base):  # one column for every row (rows admitted together): plain slices
+            rows, column = slice(0, b), furthest + self.steps
+        else:
+            rows, column = self.index[:b], self.column[:b]
+        self.bias[rows, 0, 0, column] = 0.0  # each row's new column becomes visible to that row
+        bias = self.bias[:b, ..., :length]
         x = F.embedding(token, self.embed)  # (B, hidden)
-        cos, sin = self.cos[:, t], self.sin[:, t]  # (B, 1, D)
+        position = self.position[:b]
+        cos, sin = self.cos[position][:, None, :], self.sin[position][:, None, :]  # (B, 1, D)
         group = self.heads // self.kv_heads
         hq, hk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        linear = self._linear
         for w, keys, values in zip(self.layers, self.keys, self.values):
-            qkv = F.linear(_rms_norm(x, w.norm1, w.eps1), w.w_qkv, w.b_qkv)
+            qkv = linear(_rms_norm(x, w.norm1, w.eps1), w.w_qkv, w.b_qkv)
             qk = _rotate(qkv[:, : hq + hk].view(b, self.heads + self.kv_heads, self.head_dim), cos, sin)
-            keys[:, :, slot] = qk[:, self.heads :]
-            values[:, :, slot] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim)
+            # (under autocast the matmuls may compute in another dtype than the cache's, as a slice assignment allows)
+            keys[rows, :, column] = qk[:, self.heads :].to(keys.dtype)
+            values[rows, :, column] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim).to(values.dtype)
             q = qk[:, : self.heads].reshape(b, self.kv_heads, group, self.head_dim)
-            scores = torch.matmul(q, keys[:, :, :length].transpose(-1, -2)) * self.scale + self.bias[..., :length]
+            scores = torch.matmul(q, keys[:b, :, :length].transpose(-1, -2)) * self.scale + bias
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs, values[:, :, :length]).reshape(b, hq)
-            x = x + F.linear(out, w.w_o, w.b_o)
-            gate, up = F.linear(_rms_norm(x, w.norm2, w.eps2), w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(w.act(gate) * up, w.w_down, w.b_down)
-        return F.linear(_rms_norm(x, self.norm, self.eps), self.w_head, self.b_head)
+            out = torch.matmul(probs, values[:b, :, :length]).reshape(b, hq)
+            x = x + linear(out, w.w_o, w.b_o)
+            gate, up = linear(_rms_norm(x, w.norm2, w.eps2), w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)
+            x = x + linear(w.act(gate) * up, w.w_down, w.b_down)
+        self.column[:b] += 1
+        self.position[:b] += 1
+        self.steps += 1
+        return linear(_rms_norm(x, self.norm, self.eps), self.w_head, self.b_head)
+
+    def _linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """F.linear over at least `min_rows` rows: fewer are padded with zero rows, whose outputs are dropped."""
+        m = x.shape[0]
+        if m >= self.min_rows:
+            return F.linear(x, weight, bias)
+        return F.linear(F.pad(x, (0, 0, 0, self.min_rows - m)), weight, bias)[:m]

@@ -91,6 +91,8 @@ def run_experiment(
     resumable = graph.run_name is not None
     run_folder = graph.run_name or datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_root = Path(graph.output_dir) / graph.name / run_folder
+    sweep = (run_params or {}).get("sweep")
+    run_label = f"{run_folder}#{sweep['index']}" if isinstance(sweep, dict) and "index" in sweep else run_folder
     selected = [name for name in graph.stages if stages is None or name in stages]
     record, invocation = None, {}
     if resumable:
@@ -114,6 +116,7 @@ def run_experiment(
                 results[stage_name] = _run_stage(
                     graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations,
                     overrides=overrides, fiddlers=fiddlers, run_params=run_params, tags=tags, resumable=resumable,
+                    run_label=run_label,
                 )
                 if record is not None:
                     record.write_result(stage_name, results[stage_name])
@@ -157,7 +160,7 @@ def terminate_as_interrupt() -> Iterator[None]:
 
 
 def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experiment_hash, invocations, *,
-               overrides, fiddlers, run_params, tags, resumable) -> dict[str, Any]:
+               overrides, fiddlers, run_params, tags, resumable, run_label) -> dict[str, Any]:
     """One stage: resolve its inputs, open (or reopen) its run, start its groups, run it, stop them."""
     stage_graph = graph.stages[stage_name]
     refs = stage_references(stage_graph)
@@ -173,7 +176,7 @@ def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experime
         run.set_params(_lineage(resolved, plan, overrides, fiddlers, parent, experiment_hash))
     else:
         run = _start_run(tracker, stage_name, resolved, plan, overrides, fiddlers, parent, experiment_hash,
-                         run_params, tags, name=f"{graph.name}/{stage_dir.parent.name}/{stage_name}")
+                         run_params, tags, name=f"{graph.name}/{run_label}/{stage_name}")
     with run:
         if invocations:
             run.set_params({"invocations": invocations})

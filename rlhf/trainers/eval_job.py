@@ -317,6 +317,10 @@ class EvalJob:
         for result in results.values():
             for note in result.notes:
                 console.print(f"[yellow]{result.data_source}: {note}[/yellow]")
+        for key, what in (("reward/errors", "responses could not be scored and got the fallback score"),
+                          ("reward/extra_nonfinite", "extra values returned by the scorer were NaN or infinite")):
+            if reward_metrics.get(key):
+                console.print(f"[yellow]{int(reward_metrics[key])} {what} ({key})[/yellow]")
         plot = None
         if self.plot:
             try:

@@ -20,7 +20,10 @@ class Evaluator:
     `val-core/<source>/reward/mean@<n>`, and for n > 1 `pass@<k>` (unbiased), `maj@<k>/mean`,
     `best@<k>/mean` for k = 1, 2, 4, ... <= n; `val-aux/<source>/<name>/mean@<n>` for each
     auxiliary reward (e.g. GSM8K's flexible last-number scoring beside the strict one), all
-    from the same generations.
+    from the same generations. The reward's own metrics go under `val-aux/`, as training logs
+    them under their plain names: counts summed over the validation set (`val-aux/reward/errors`,
+    the rows a `strict=False` manager gave its fallback score, `.../errors/<source>`,
+    `val-aux/reward/extra_nonfinite`, NaN/inf extra values), other values averaged over rows.
     """
 
     def __init__(
@@ -49,9 +52,11 @@ class Evaluator:
         rows: list[dict] = []
         scores: list[list[float]] = []
         aux: dict[str, list[float]] = defaultdict(list)
+        reward_metrics: list[tuple[dict[str, float], int]] = []
         for prompts in self.dataset.in_order(self.prompts_per_call):
             rollout = policy.generate(prompts, self.sampling)  # the n samples of a prompt are adjacent
-            scored, _ = score_rollout(rollout, self.dataset.tokenizer, self.reward)
+            scored, call_metrics = score_rollout(rollout, self.dataset.tokenizer, self.reward)
+            reward_metrics.append((call_metrics, len(rollout)))
             flat, texts = scored["scores"].tolist(), list(scored["response_text"])
             for p, source in enumerate(prompts["data_source"]):
                 rows.append({"data_source": source, "responses": texts[p * n : (p + 1) * n]})
@@ -65,7 +70,25 @@ class Evaluator:
         if not self.n_boot:
             metrics = {k: v for k, v in metrics.items() if not k.endswith(("/ci_low", "/ci_high"))}
         metrics.update({k: sum(v) / len(v) for k, v in sorted(aux.items())})
+        metrics.update({f"val-aux/{k}": v for k, v in combine_reward_metrics(reward_metrics).items()})
         return metrics
+
+
+COUNTS = ("errors", "timeouts", "extra_nonfinite")
+"""Reward metrics that count rows (summed over calls); the others are per-row values (averaged)."""
+
+
+def combine_reward_metrics(calls: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """One set of reward metrics from several reward calls, given as (metrics, rows scored): counts
+    (`reward/errors`, `.../errors/<source>`, `reward/timeouts`, `reward/extra_nonfinite`...) summed,
+    other values averaged weighted by rows. A count a call did not report counts 0 there."""
+    total = sum(rows for _, rows in calls) or 1
+    combined: dict[str, float] = {}
+    for metrics, rows in calls:
+        for key, value in metrics.items():
+            count = any(part in COUNTS for part in key.split("/"))
+            combined[key] = combined.get(key, 0.0) + (value if count else value * rows / total)
+    return combined
 
 
 class EvalStage:

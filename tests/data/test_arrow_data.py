@@ -165,3 +165,33 @@ def test_sft_from_a_file_equals_sft_from_the_list(tok, tmp_path):
         assert a.collate(range(6))[key].tolist() == b.collate(range(6))[key].tolist()
     c = SFTDataset(rows, tok, cache_dir=str(tmp_path / "c"))  # another response function: another cache entry
     assert c.collate([0])["responses"].shape[1] < a.collate([0])["responses"].shape[1]
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".parquet", ".json"])
+def test_prompts_to_generate_for_need_no_ground_truth(tok, tmp_path, suffix):
+    rows = arithmetic_rows(4)
+    bare = [{"data_source": r["data_source"], "prompt": r["prompt"]} for r in rows[:2]] + rows[2:]
+    path = write_rows(bare, tmp_path / f"bare{suffix}", require_ground_truth=False)
+    with pytest.raises(DataError, match=r"row 0.*'reward_model' is missing"):
+        load_rows(str(path))  # prompts for training or evaluation must carry the answer
+    loaded = load_rows(str(path), kind="generation")
+    assert to_rows(loaded) == [{"extra_info": {}, **r} for r in bare]
+    batch = PromptDataset(loaded, tok).collate(range(4))
+    assert list(batch["ground_truth"]) == [None, None, rows[2]["reward_model"]["ground_truth"],
+                                     rows[3]["reward_model"]["ground_truth"]]
+    with pytest.raises(DataError, match="reward_model"):
+        write_rows(bare, tmp_path / f"strict{suffix}")
+
+
+def test_a_limit_keeps_the_first_rows(tok, tmp_path):
+    rows = arithmetic_rows(6)
+    path = str(write_rows(rows, tmp_path / "six.jsonl"))
+    limited = load_rows(path, limit=4)
+    assert to_rows(limited) == to_rows(load_rows(path))[:4]
+    dataset = PromptDataset(limited, tok)
+    assert len(dataset) == 4 and dataset.fingerprint == fingerprint_rows(rows[:4])
+    assert len(load_rows(path, limit=10)) == 6
+    from rlhf.graph.typecheck import annotation_problems
+
+    assert annotation_problems([(fdl.Config(load_rows, path=path, limit=0), "rows")]) == [
+        "rows.limit = 0: load_rows.limit expects int > 0 | None"]

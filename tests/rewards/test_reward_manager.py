@@ -271,3 +271,38 @@ def test_bad_parallel_options():
         RewardManager({}, num_workers=1, timeout_s=0)
     with pytest.raises(ValueError, match="chunk_size must be >= 1"):
         RewardManager({}, num_workers=1, chunk_size=0)
+
+
+def test_a_default_scorer_takes_every_source_the_dict_does_not_name():
+    manager = RewardManager({"arithmetic": exact_match_score}, default=half)
+    manager.check_sources(["arithmetic", "my/task", "other"])  # nothing unknown with a default
+    out = call(manager, ["1", "1", "x"], ["arithmetic", "my/task", "other"])
+    assert out.scores == [1.0, 0.5, 0.5]
+    everywhere = RewardManager({}, default=with_extras)  # what `rlhf eval --scorer module:function` builds
+    out = call(everywhere, ["1", "22"], ["arithmetic", "openai/gsm8k"], truths=["1", "1"])
+    assert out.scores == [1.0, 0.0] and out.extras == {"length": [1, 2]}
+    with pytest.raises(TypeError, match="default scorer is not callable"):
+        RewardManager({}, default="not a function")
+
+
+def test_a_default_scorer_runs_in_worker_processes_too():
+    from worker_scorers import with_extras as pooled
+
+    with RewardManager({}, default=pooled, num_workers=1) as manager:
+        out = call(manager, ["1", "x"], ["a", "b"], truths=["1", "1"])
+    assert out.scores == [1.0, 0.0] and out.extras["pid"] == ["same", "same"]
+
+
+def nan_extra(solution_str, ground_truth, extra_info=None):
+    return {"score": 1.0, "ratio": float("nan") if solution_str == "x" else 0.5, "label": "text", "flag": True}
+
+
+def test_non_finite_extra_values_are_kept_counted_and_logged(caplog):
+    manager = RewardManager({"s": nan_extra})
+    with caplog.at_level(logging.WARNING, logger="rlhf.rewards.manager"):
+        out = call(manager, ["x", "y", "x"], ["s"] * 3)
+    assert math.isnan(out.extras["ratio"][0]) and out.extras["ratio"][1] == 0.5
+    assert out.metrics["reward/extra_nonfinite"] == 2 and out.metrics["reward/extra_nonfinite/ratio"] == 2
+    assert "'ratio' in 2 row(s)" in caplog.text
+    clean = call(manager, ["y"], ["s"])
+    assert "reward/extra_nonfinite" not in clean.metrics  # strings and bools are not numbers to check

@@ -57,41 +57,53 @@ def syncs(model, max_new_tokens, check_every, lean=True):
 @pytest.mark.parametrize("lean", [True, False], ids=["lean", "model-forward"])
 def test_host_syncs_grow_with_checks_not_with_tokens(lean):
     model = qwen2()
-    # 24 steps: 23 checks at one per step; at one per 8 steps 2 checks (steps 8, 16) + 1 read of the length
-    assert syncs(model, 24, 1, lean) - syncs(model, 24, 8, lean) == 20
+    # 24 steps: 23 checks at one per step; at one per 8 steps 2 checks (steps 8, 16); at step 24 every row has
+    # reached the limit, which the host knows without a check
+    assert syncs(model, 24, 1, lean) - syncs(model, 24, 8, lean) == 21
     if lean:  # no sync per token at all: 16 more steps cost no sync between checks
         assert syncs(model, 24, 32) - syncs(model, 8, 32) == 0
     # (the model's own forward syncs once per step inside transformers: its SDPA mask check)
 
 
-def finishing_at(model, steps):
-    """A forward hook that makes row i emit EOS at decoding step steps[i] (call 0 is the prefill), counting calls."""
+def prompts_of_lengths(lengths):
+    """Left-padded prompts with these numbers of real tokens."""
+    g = torch.Generator().manual_seed(2)
+    width = max(lengths)
+    ids = torch.randint(2, 50, (len(lengths), width), generator=g)
+    mask = torch.zeros_like(ids)
+    for i, length in enumerate(lengths):
+        mask[i, width - length :] = 1
+    return ids.masked_fill(mask == 0, PAD), mask
+
+
+def finishing_at(model, position):
+    """A forward hook: every row emits EOS once it reaches `position` (a row of prompt length L at decoding
+    step position - L), decided by the row's own position whichever rows share the call; counts the calls."""
     calls = []
 
-    def hook(module, inputs, logits):
-        t = len(calls)
-        calls.append(t)
-        bias = torch.zeros_like(logits)
-        bias[torch.tensor(steps) == t, :, EOS] = 1e4
-        return logits + bias
+    def hook(module, args, kwargs, out):
+        calls.append(1)
+        late = kwargs["position_ids"][:, -1] >= position - 1
+        out.logits[late, -1, EOS] += 1e4
+        return out
 
-    return model.lm_head.register_forward_hook(hook), calls
+    return model.register_forward_hook(hook, with_kwargs=True), calls
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 @pytest.mark.parametrize("check_every", [1, 3, 4, 7, 16])
 def test_steps_past_the_last_eos_are_fewer_than_the_cadence_and_cut_off(check_every, temperature):
     model = qwen2()
-    ids, mask = prompts()
     finish = [2, 9, 5]  # R = 10 decoded steps: the last row's EOS is step 9
+    ids, mask = prompts_of_lengths([12 - s for s in finish])
     kwargs = dict(n=1, max_new_tokens=30, eos_token_ids=[EOS], pad_token_id=PAD, temperature=temperature)
-    handle, _ = finishing_at(model, finish)
+    handle, _ = finishing_at(model, 12)
     try:
         torch.manual_seed(3)
         expected = sample(model, ids, mask, check_every=1, **kwargs)
     finally:
         handle.remove()
-    handle, calls = finishing_at(model, finish)  # a hook makes the loop call the model's forward: countable
+    handle, calls = finishing_at(model, 12)  # a hook makes the loop call the model's forward: countable
     try:
         torch.manual_seed(3)
         tokens, log_probs = sample(model, ids, mask, check_every=check_every, **kwargs)

@@ -68,4 +68,6 @@ def test_an_auto_engine_graph_is_the_same_on_every_machine(monkeypatch, tmp_path
     engine = here.stages["generate"].policy.worker.engine
     assert fdl.get_callable(engine) is AutoEngine
     assert graph_hash(here) == graph_hash(there)
-    assert rollout_engine("hf", "float32", 64) is engine_class("hf") is HFEngine
+    hf = rollout_engine("hf", "float32", 64)  # generate/eval cap the rows the transformers engine decodes at once
+    assert fdl.get_callable(hf) is engine_class("hf") is HFEngine and hf.max_rows_per_call == 64
+    assert fdl.get_callable(engine.hf) is HFEngine and engine.hf.max_rows_per_call == 64

@@ -140,9 +140,9 @@ def test_chunks_hold_whole_prompt_groups_and_at_most_max_rows(engine):
     assert out["responses"].shape[0] == 15 and list(out["uid"]) == [t for t in TEXTS for _ in range(3)]
 
 
-def test_the_kv_cache_holds_the_chunks_longest_prompt_plus_the_allowed_new_tokens(engine, monkeypatch):
-    """Each call preallocates (rows, kv_heads, P + max_new_tokens, D), P the longest prompt of that call: a
-    chunk of short prompts is trimmed of the columns that pad every one of its prompts."""
+def test_the_kv_cache_holds_max_rows_of_the_longest_prompt_plus_the_allowed_new_tokens(engine, monkeypatch):
+    """One KV cache per call, (rows, kv_heads, P + max_new_tokens, D): rows = the whole prompt groups that fit in
+    max_rows_per_call (all rows without it), P the call's longest prompt; finished rows free their slots."""
     import rlhf.rollout.decode as decode
 
     shapes = []
@@ -154,17 +154,15 @@ def test_the_kv_cache_holds_the_chunks_longest_prompt_plus_the_allowed_new_token
 
     monkeypatch.setattr(decode, "LeanDecoder", spy)
     batch = prompts(engine.tokenizer, TEXTS)
-    lengths = batch["attention_mask"].sum(dim=1).tolist()  # 33, 20, 78, 27, 24 tokens
+    longest = int(batch["attention_mask"].sum(dim=1).max())  # 78 tokens
     greedy = SamplingParams(n=2, temperature=0.0, max_new_tokens=5)
     whole = engine.generate(batch, greedy)
-    chunked = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=4).generate(batch, greedy)
+    capped = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=5).generate(batch, greedy)
     cfg = engine.model.config
     kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    expected = [(10, kv, 78 + 5, d), (4, kv, max(lengths[:2]) + 5, d), (4, kv, max(lengths[2:4]) + 5, d),
-                (2, kv, lengths[4] + 5, d)]
-    assert shapes == expected
-    assert torch.equal(chunked["responses"], whole["responses"])
-    assert torch.allclose(chunked["rollout_log_probs"], whole["rollout_log_probs"], atol=1e-5)
+    assert shapes == [(10, kv, longest + 5, d), (4, kv, longest + 5, d)]  # 5 rows hold 2 groups of n=2
+    assert torch.equal(capped["responses"], whole["responses"])
+    assert torch.allclose(capped["rollout_log_probs"], whole["rollout_log_probs"], atol=1e-5)
 
 
 def test_max_rows_per_call_is_validated(engine):

@@ -42,3 +42,35 @@ def test_sampled_validation_reports_pass_maj_best_with_intervals(policy):
     assert "val-core/arithmetic/reward/maj@4/mean" in metrics and "val-aux/arithmetic/reward/maj@2/mean" in metrics
     low, high = metrics["val-aux/arithmetic/reward/pass@4/ci_low"], metrics["val-aux/arithmetic/reward/pass@4/ci_high"]
     assert low <= metrics["val-core/arithmetic/reward/pass@4"] <= high
+
+
+def fails_on_odd_truths(text, truth, extra=None):
+    """Raises for the prompts whose answer is odd; an extra value that is NaN for the others."""
+    if int(truth) % 2:
+        raise ValueError("cannot score this one")
+    return {"score": 1.0, "confidence": float("nan")}
+
+
+def test_validation_counts_reward_failures_and_non_finite_extras_as_training_does(policy, caplog):
+    rows = arithmetic_rows(6, split="test")
+    odd = sum(int(r["reward_model"]["ground_truth"]) % 2 for r in rows)
+    assert 0 < odd < 6
+    data = PromptDataset(rows, load_tokenizer(tiny_model_path()))
+    reward = RewardManager({"arithmetic": fails_on_odd_truths}, strict=False)
+    with caplog.at_level("WARNING", logger="rlhf.rewards.manager"):
+        metrics = Evaluator(data, reward, SamplingParams(n=2, temperature=1.0, max_new_tokens=4),
+                            prompts_per_call=4)(policy)  # two calls: 4 prompts, then 2
+    assert metrics["val-aux/reward/errors"] == 2 * odd  # both responses of each odd prompt, over both calls
+    assert metrics["val-aux/reward/errors/arithmetic"] == 2 * odd
+    assert metrics["val-aux/reward/extra_nonfinite"] == 2 * (6 - odd)
+    assert metrics["val-core/arithmetic/reward/mean@2"] == pytest.approx((6 - odd) / 6)  # failures score 0
+    assert "reward scorer failure" in caplog.text and "non-finite extra values" in caplog.text
+
+
+def test_reward_metrics_of_several_calls_add_counts_and_average_the_rest():
+    from rlhf.trainers.evaluate import combine_reward_metrics
+
+    calls = [({"reward/errors": 2.0, "reward/errors/a": 2.0, "reward/overlong_penalty/mean": -0.5}, 4),
+             ({"reward/errors": 1.0, "reward/errors/b": 1.0, "reward/overlong_penalty/mean": 0.0}, 12)]
+    assert combine_reward_metrics(calls) == {  # -0.5 * 4 / 16 + 0 * 12 / 16
+        "reward/errors": 3.0, "reward/errors/a": 2.0, "reward/errors/b": 1.0, "reward/overlong_penalty/mean": -0.125}
