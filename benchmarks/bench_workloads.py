@@ -170,7 +170,8 @@ _STEPS: list[tuple[float, dict[str, float]]] = []
 class StepRecorder:
     """A tracker for run_experiment that keeps every step's metrics and the wall-clock of its end."""
 
-    def start_run(self, stage: str, params: dict | None = None, parent_run: str | None = None, tags=()) -> StepRecorder:
+    def start_run(self, stage: str, *, name: str | None = None, params: dict | None = None, parent_run: str | None = None,
+                  tags=()) -> StepRecorder:
         return self
 
     hash = None
