@@ -13,12 +13,15 @@ from rlhf.config.overrides import OverrideError
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.remote import Remote
+from rlhf.trainers.async_rollout import OnStale, Transport
+from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.critic import CriticWorker
 from rlhf.workers.fsdp import FSDP
 from rlhf.workers.lora import LoRA
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
+from rlhf_configs.async_rollout import Correction, Placement, use_async_rollout
 
 
 def local(cfg: fdl.Config[Experiment]) -> None:
@@ -69,3 +72,21 @@ def lora(cfg: fdl.Config[Experiment], **options) -> None:
     for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
         if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
             worker.adapter = fdl.Config(LoRA, **options)
+def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "auto",
+                 correction: Correction = "bypass") -> None:
+    """Asynchronous rollout, one step off policy (verl): while the trainer updates on batch k, a rollout group
+    generates batch k+1 with the weights of version k-1; reproducible, and resumes bit-identically. Loss: PPO's
+    ratio against the behaviour policy ("bypass") or AReaL's "decoupled" objective (docs/async.md). Every RL stage."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_async_rollout(stage, max_staleness=1, on_stale="wait", weights="fixed_lag", placement=placement,
+                          transport=transport, correction=correction)
+
+
+def streaming(cfg: fdl.Config[Experiment], max_staleness: int = 2, on_stale: OnStale = "wait",
+              placement: Placement = "separate", transport: Transport = "auto", correction: Correction = "bypass") -> None:
+    """Bounded-staleness streaming: a rollout group generates continuously with the newest weights, and a
+    sample more than `max_staleness` versions old is waited for or dropped (`on_stale`). Depends on timing,
+    so runs differ; loss as in `one_step_off` (docs/async.md). Every RL stage."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_async_rollout(stage, max_staleness=max_staleness, on_stale=on_stale, weights="newest",
+                          placement=placement, transport=transport, correction=correction)

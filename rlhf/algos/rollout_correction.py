@@ -30,6 +30,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
+from rlhf.algos.frozen import Frozen
 from rlhf.algos.kl import KLEstimator, kl_k3
 from rlhf.algos.masked import as_bool, masked_max, masked_mean, masked_sum, masked_zero
 
@@ -336,3 +337,46 @@ class RolloutCorrection:
             f"RolloutCorrection(is_weights={self.is_weights!r}, rejections={self.rejections!r}, "
             f"bypass={self.bypass})"
         )
+
+
+
+class DecoupledPPO(Frozen):
+    """AReaL's decoupled PPO objective for stale samples: the behaviour weights of the policy loss (Fu et al.
+    2025, "AReaL: A Large-Scale Asynchronous Reinforcement Learning System for Language Reasoning",
+    arXiv:2505.24298, after Hilton et al. 2021, "Batch size-invariance for policy optimization",
+    arXiv:2110.00641):
+
+        l_t = w_t * max(-A_t r_t, -A_t clip(r_t, 1 - eps, 1 + eps)),
+        r_t = pi_theta(y_t) / pi_prox(y_t),    w_t = pi_prox(y_t) / pi_behav(y_t)  if it is <= cap, else 0
+
+    pi_behav: the policy that sampled (`rollout_log_probs`, possibly versions old); pi_prox: the trainer's
+    policy before this update (`old_log_probs`; on-policy, one epoch and one mini-batch, the current
+    log-probs detached, so no extra forward pass). The clip keeps the update near pi_prox, and w corrects
+    for sampling from pi_behav. A token with w_t above `behaviour_weight_cap` (AReaL's
+    `behav_imp_weight_cap`, 5 in its asynchronous recipes) gets weight 0 but still counts in the
+    aggregation's token count, as in AReaL.
+
+    Called (prox_log_probs (B,T), rollout_log_probs (B,T), response_mask (B,T)) -> (weights (B,T),
+    detached, 0 on masked and capped tokens; metrics `behaviour_weight_mean` (w before the cap) and
+    `behaviour_capped_fraction`, token means over the mask).
+    """
+
+    def __init__(self, behaviour_weight_cap: float = 5.0):
+        if behaviour_weight_cap <= 1.0:
+            raise ValueError(f"DecoupledPPO: behaviour_weight_cap must be > 1 (AReaL's condition), "
+                             f"got {behaviour_weight_cap}")
+        self.behaviour_weight_cap = behaviour_weight_cap
+
+    def __call__(self, prox_log_probs: Tensor, rollout_log_probs: Tensor,
+                 response_mask: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        with torch.no_grad():
+            valid = as_bool(response_mask)
+            w = torch.exp(masked_zero(prox_log_probs - rollout_log_probs, valid).clamp(-SAFETY_BOUND, SAFETY_BOUND))
+            capped = w > self.behaviour_weight_cap
+            weights = masked_zero(w, valid & ~capped)
+            metrics = {"behaviour_weight_mean": _f(masked_mean(w, valid)),
+                       "behaviour_capped_fraction": _f(masked_mean(capped.float(), valid))}
+        return weights, metrics
+
+    def __repr__(self) -> str:
+        return f"DecoupledPPO(behaviour_weight_cap={self.behaviour_weight_cap})"

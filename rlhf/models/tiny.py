@@ -4,7 +4,7 @@ Every feature must run offline on a CPU, so tests, the walking-skeleton experime
 `tiny` fiddlers build their model here instead of downloading one. The tokenizer is a real
 `Qwen2Tokenizer` over the 256 byte symbols (no merges) plus Qwen's special tokens, so it
 round-trips any text exactly; a char-level tokenizer saved in a qwen2 folder is silently
-rebuilt by transformers on reload (see docs/findings.md).
+rebuilt by transformers on reload into a different vocabulary.
 """
 
 from __future__ import annotations

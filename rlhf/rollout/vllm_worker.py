@@ -10,7 +10,7 @@ On CPUs, vLLM's build packs every dense linear weight into a kernel-specific cop
 model loads (`dispatch_cpu_unquantized_gemm`) and empties `layer.weight`, so later loads would
 fail or leave the packed copy (a tied LM head's) stale. Importing this module before the model
 loads makes that dispatch keep the plain weight and compute with `F.linear` on it: new weights
-then take effect as on a GPU (FINDINGS "vLLM on CPU", route A; token-exact with transformers).
+then take effect as on a GPU (token-exact with transformers; docs/rollout_engines.md, "CPU vs GPU vLLM").
 Only the CPU platform is touched, and only in processes that import this module.
 """
 

@@ -29,6 +29,7 @@ class WorkerGroup(abc.ABC):
     """Calls worker methods across data-parallel ranks; subclasses implement `_run`."""
 
     balance = True  # balance sharded calls by token count; set False on a group for contiguous shards
+    in_process = False  # whether the workers run in the driver's process (LocalRuntime)
 
     def __init__(self, spec: GroupSpec, world_size: int):
         self.spec = spec
@@ -39,6 +40,20 @@ class WorkerGroup(abc.ABC):
     @abc.abstractmethod
     def _run(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
         """Run `method` on rank r with per_rank[r] = (args, kwargs); results in rank order."""
+
+    def _submit(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
+        """Like `_run`, but the results stay where the runtime keeps them (see `deferred`); in-process they are
+        the results themselves."""
+        return self._run(method, per_rank)
+
+    def deferred(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """Per-rank results of an `@on_all_ranks` method, left where the runtime keeps them: another group's
+        call takes one as an argument and reads it there (Ray: an object reference the receiving actor
+        fetches from the object store, never through the driver; in-process: the object itself). The
+        driver does not wait for them; an error surfaces in the call that reads the result."""
+        if dispatch_mode(self._worker_cls, method) != "all":
+            raise TypeError(f"{self.name}.{method} is sharded: only @on_all_ranks methods can be deferred")
+        return self._submit(method, [(args, kwargs)] * self.world_size)
 
     def shutdown(self) -> None:
         """Release the workers."""

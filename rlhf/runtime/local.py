@@ -19,6 +19,8 @@ from rlhf.runtime.plan import GroupSpec, Plan
 
 
 class LocalWorkerGroup(WorkerGroup):
+    in_process = True  # its workers live in the driver: results pass as objects
+
     def __init__(self, spec: GroupSpec):
         super().__init__(spec, world_size=1)
         if spec.num_workers > 1:

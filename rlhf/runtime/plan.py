@@ -54,7 +54,23 @@ class Plan:
                 if resolve is not None:
                     arguments = {k: resolve(v) if k.endswith("model_path") else v for k, v in arguments.items()}
                 lines.append(f"  {placement(arguments, g.num_workers, g.gpus_per_worker > 0)}")
+        lines.extend(self._driver_lines())
         return "\n".join(lines)
+
+    def _driver_lines(self) -> list[str]:
+        """Lines from driver-side nodes that say how they use the groups (a node whose callable has
+        `describe_plan(arguments, groups)`, e.g. the asynchronous rollout's placement and mode)."""
+        lines: list[str] = []
+
+        def visit(value: Any, state: daglish.State) -> Any:
+            describe = getattr(fdl.get_callable(value), "describe_plan", None) if isinstance(value, fdl.Buildable) \
+                else None
+            if describe is not None:
+                lines.append(describe(fdl.ordered_arguments(value, include_defaults=True), self.groups))
+            return state.map_children(value)
+
+        daglish.MemoizedTraversal.run(visit, self.driver)
+        return lines
 
     def worker_arguments(self, group: str) -> dict[str, Any]:
         """A group's worker arguments, defaults included (nodes stay unbuilt)."""

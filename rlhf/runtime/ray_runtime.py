@@ -81,6 +81,9 @@ class _WorkerActor:
         self.worker = fdl.build(from_json(worker_json))
 
     def call(self, method: str, args: tuple, kwargs: dict) -> Any:
+        # another group's deferred result (WorkerGroup.deferred) arrives as a reference: read it here,
+        # from the object store, not through the driver
+        args = tuple(ray.get(a) if isinstance(a, ray.ObjectRef) else a for a in args)
         return getattr(self.worker, method)(*args, **kwargs)
 
 
@@ -127,8 +130,10 @@ class RayWorkerGroup(WorkerGroup):
             raise
 
     def _run(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
-        refs = [a.call.remote(method, args, kwargs) for a, (args, kwargs) in zip(self.actors, per_rank)]
-        return ray.get(refs)
+        return ray.get(self._submit(method, per_rank))
+
+    def _submit(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
+        return [a.call.remote(method, args, kwargs) for a, (args, kwargs) in zip(self.actors, per_rank)]
 
     def shutdown(self) -> None:
         for a in self.actors:

@@ -76,6 +76,8 @@ class RolloutRecorder:
                 "ground_truth": str(batch["ground_truth"][i]),
                 "data_source": str(batch["data_source"][i]),
             }
+            if "policy_version" in batch:  # the weights that generated it (behind the step's with async rollout)
+                row["policy_version"] = int(batch["policy_version"][i])
             lines.append(json.dumps(row, ensure_ascii=False))
         if lines:
             append_whole(folder / RECORDS_FILE, "".join(line + "\n" for line in lines).encode("utf-8"))

@@ -4,7 +4,8 @@ generate -> reward -> old/ref log-probs (when needed) -> rollout correction -> v
 -> advantages -> PF-PPO resampling -> critic update -> actor update -> log -> validate -> checkpoint.
 Worker groups do the model work; everything here is light bookkeeping on the driver. The weight
 sync to the rollout engine is free: the HF engine generates with the actor's own module (hybrid
-engine).
+engine). With `async_rollout` the first two phases run ahead in a rollout group of their own and
+each step takes its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
 
 Each algorithm variant is one argument (one graph node): the estimator (`advantage`, whose needs
 come from `rlhf.algos.requirements`: a greedy baseline rollout for ReMax, token statistics for the
@@ -15,6 +16,7 @@ policy loss lives in the policy worker's objective; overlong shaping in the rewa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -41,6 +43,7 @@ from rlhf.ranges import NonNegativeInt, PositiveInt
 from rlhf.data.streaming import StreamingPromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
+from rlhf.trainers.async_rollout import AsyncRollout, SyncRollout
 from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.dynamic_sampling import collect_groups_with_variance, concat_rollouts
@@ -88,6 +91,10 @@ class RLTrainer:
         # target_num_groups=prompts_per_step); None: off
         dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
         pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
+        # rollouts from a group of their own, up to max_staleness policy versions behind the trainer (docs/async.md;
+        # the loss needs the behaviour log-probs: rollout_correction or PolicyObjective.decoupled); None: each
+        # step generates with the policy's engine
+        async_rollout: AsyncRollout | None = None,
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
@@ -125,10 +132,12 @@ class RLTrainer:
         self.rollout_correction = rollout_correction
         self.dynamic_sampling = dynamic_sampling
         self.pf_ppo = pf_ppo
+        self.async_rollout = async_rollout
         self.needs = estimator_needs(advantage)
         self.seed = seed
-        self._prompts = None  # the batch iterator of the current run
+        self._rollouts: SyncRollout | AsyncRollout | None = None  # where the current run's steps take their batches
         self._data_position = None  # a streaming dataset's position, restored from a checkpoint
+        self._resumed_rollout = None  # the asynchronous queue's state and the checkpoint folder holding it
         self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     # ---------------------------------------------------------------- loop
@@ -140,11 +149,17 @@ class RLTrainer:
         needs = self.policy.requirements()[0]
         if self.evaluator is not None and self.val_before_train and start == 0:
             ctx.log(self.evaluator(self.policy), 0)
-        if self._data_position is not None:  # a stream resumes at its recorded position, not by replaying
-            prompts = self.train_data.shuffled(self.prompts_per_step, self.seed, start, position=self._data_position)
-        else:
-            prompts = self.train_data.shuffled(self.prompts_per_step, self.seed, start_step=start)
-        self._prompts = prompts
+        self._rollouts = self._rollout_source(start)
+        try:
+            metrics = self._train(self._rollouts, needs, start, checkpoints, ctx)
+        finally:
+            self._rollouts.close()
+        checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
+        return {"checkpoint": checkpoint, "metrics": metrics}
+
+    def _train(self, rollouts: SyncRollout | AsyncRollout, needs: dict[str, bool], start: int,
+               checkpoints: CheckpointManager, ctx: StageContext) -> dict[str, float]:
+        """Steps start+1 .. total_steps (step, validate, log, record, checkpoint); the last step's metrics."""
         bar = tqdm(
             range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
             desc=ctx.name, disable=not ctx.progress, mininterval=1.0,
@@ -152,7 +167,7 @@ class RLTrainer:
         metrics = self._metrics  # a run resumed at its last step reports that step's metrics
         bad_steps = 0
         for step in bar:
-            metrics, batch = self.step(next(prompts), needs, step, more_prompts=lambda: next(prompts))
+            metrics, batch = self.step(rollouts, needs, step)
             bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
             if bad_steps >= self.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
@@ -172,17 +187,29 @@ class RLTrainer:
                 reward=f"{metrics['critic/score/mean']:.3f}", pg_loss=f"{metrics.get('actor/pg_loss', 0.0):.3f}",
                 refresh=False,
             )
-        checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
-        return {"checkpoint": checkpoint, "metrics": metrics}
+        return metrics
 
-    def step(
-        self, prompts: Batch, needs: dict[str, bool], step: int, more_prompts: Callable[[], Batch] | None = None
-    ) -> tuple[dict[str, float], Batch]:
-        """One RL step; returns its metrics and the scored batch. `more_prompts` gives the prompts of
-        further generation rounds (dynamic sampling)."""
+    def _rollout_source(self, start: int) -> SyncRollout | AsyncRollout:
+        """Where the steps after `start` take their scored batches: made when a step asks, with the policy
+        group's own engine (synchronous), or taken from the asynchronous rollout's queue."""
+
+        def prompts_from(drawn: int, position=None):
+            if position is not None:  # a stream resumes at its recorded position, not by replaying
+                return self.train_data.shuffled(self.prompts_per_step, self.seed, drawn, position=position)
+            return self.train_data.shuffled(self.prompts_per_step, self.seed, start_step=drawn)
+
+        if self.async_rollout is None:
+            produce = functools.partial(self._rollout, generate=self.policy.generate)
+            return SyncRollout(produce, prompts_from(start, self._data_position))
+        return self.async_rollout.start(policy=self.policy, produce=self._rollout, prompts_from=prompts_from,
+                                        start_step=start, total_steps=self.total_steps, seed=self.seed,
+                                        resumed=self._resumed_rollout)
+
+    def step(self, rollouts: SyncRollout | AsyncRollout, needs: dict[str, bool], step: int) -> tuple[dict[str, float], Batch]:
+        """One RL step on the batch `rollouts` hands over; returns its metrics and the scored batch."""
         timing: dict[str, float] = {}
         start = time.perf_counter()
-        batch, reward_metrics = self._rollout(prompts, more_prompts, timing)
+        batch, reward_metrics = rollouts.take(step, timing)
         correcting = self.rollout_correction is not None
         # bypass mode without rejections trains against the engine's log-probs: no old-log-prob pass
         bypass = correcting and self.rollout_correction.bypass and not self.rollout_correction.rejections
@@ -212,6 +239,7 @@ class RLTrainer:
         if step > self.critic_warmup:
             with timed(timing, "update_actor"):
                 update_metrics.update(mean_over_ranks(self.policy.update(batch)))
+        update_metrics.update(rollouts.after_update(step, timing))  # async: the new weights go to the rollout side
         timing["timing_s/step"] = time.perf_counter() - start
         tokens = float(batch["attention_mask"].sum())
         metrics = {
@@ -228,15 +256,17 @@ class RLTrainer:
         return metrics, batch
 
     def _rollout(
-        self, prompts: Batch, more_prompts: Callable[[], Batch] | None, timing: dict[str, float]
+        self, prompts: Batch, more_prompts: Callable[[], Batch] | None, timing: dict[str, float], *,
+        generate: Callable[[Batch, SamplingParams], Batch],
     ) -> tuple[Batch, dict[str, float]]:
-        """The step's scored samples: one round, or DAPO's rounds until enough groups with reward spread."""
+        """The step's scored samples: one round, or DAPO's rounds until enough groups with reward spread.
+        `generate`: the policy group's, or the rollout group's in asynchronous rollout."""
         if self.dynamic_sampling is None:
-            return self._generate_and_score(prompts, timing)
+            return self._generate_and_score(prompts, timing, generate)
         rounds: list[dict[str, float]] = []
 
         def one_round() -> Batch:
-            batch, metrics = self._generate_and_score(prompts if not rounds else more_prompts(), timing)
+            batch, metrics = self._generate_and_score(prompts if not rounds else more_prompts(), timing, generate)
             rounds.append(metrics)
             return batch
 
@@ -246,16 +276,18 @@ class RLTrainer:
             metrics[key] = sum(r.get(key, 0.0) for r in rounds) / len(rounds)
         return batch, metrics
 
-    def _generate_and_score(self, prompts: Batch, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+    def _generate_and_score(
+        self, prompts: Batch, timing: dict[str, float], generate: Callable[[Batch, SamplingParams], Batch]
+    ) -> tuple[Batch, dict[str, float]]:
         with timed(timing, "gen"):
-            batch = self.policy.generate(prompts, self.sampling)
+            batch = generate(prompts, self.sampling)
         with timed(timing, "reward"):
             scores, metrics = score_rollout(batch, self.tokenizer, self.reward, self.reward_model,
                                             self.reward_model_weight)
             batch = batch.union(scores)
         if self.needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
             with timed(timing, "gen_max"):
-                greedy = self.policy.generate(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0))
+                greedy = generate(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0))
                 baseline = score_rollout(greedy, self.tokenizer, self.reward, self.reward_model,
                                          self.reward_model_weight)[0]["scores"]
             batch["baseline_rewards"] = baseline.repeat_interleave(self.sampling.n)
@@ -330,16 +362,18 @@ class RLTrainer:
                     f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
                 )
 
-        def write_parts(folder: Path) -> None:
-            for name, group in groups:
-                group.save_state(str(folder / name))
+        with self._rollouts.checkpoint(step) as rollouts:  # async: the producer pauses, its queue is kept
+            def write_parts(folder: Path) -> None:
+                for name, group in groups:
+                    group.save_state(str(folder / name))
+                rollouts.write(folder)
 
-        state = {
-            "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None,
-            "data_position": getattr(self._prompts, "position", None),  # streaming datasets only
-            "metrics": self._metrics,  # what the stage reports if it resumes here at its last step
-        }
-        return checkpoints.save(step, write_parts, state)
+            state = {
+                "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None,
+                "metrics": self._metrics,  # what the stage reports if it resumes here at its last step
+                **rollouts.state,  # data_position (streaming datasets); async_rollout: its queue's state
+            }
+            return checkpoints.save(step, write_parts, state)
 
     def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
         """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
@@ -356,6 +390,7 @@ class RLTrainer:
         if self.kl_in_reward is not None and state.get("kl_in_reward") is not None:
             self.kl_in_reward.load_state_dict(state["kl_in_reward"])
         self._data_position = state.get("data_position")
+        self._resumed_rollout = (state.get("async_rollout"), folder) if folder is not None else None
         self._metrics = dict(state.get("metrics") or {})
         truncate_records(ctx.out_dir, state["step"])
         return int(state["step"])

@@ -1,7 +1,7 @@
 """FSDP2, applied by the project: the same sharding on GPUs (NCCL) and on CPUs (gloo, in tests).
 
 Accelerate (1.15) silently drops its FSDP plugin on a CPU and on one GPU without `LOCAL_RANK`
-(FINDINGS, "FSDP2 on CPU"), so the project calls `torch.distributed.fsdp.fully_shard` itself:
+(measured: `distributed_type == NO`, docs/fsdp.md), so the project calls `torch.distributed.fsdp.fully_shard` itself:
 each decoder layer, then the root, with fp32 master weights and
 `MixedPrecisionPolicy(param_dtype=<compute dtype>, reduce_dtype=float32)`. Accelerate still sets
 up processes and devices. World size 1 is a real process group of one rank, so a graph runs

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.algos import KLLoss, PolicyLoss, PPOClipLoss, token_mean
+from rlhf.algos import DecoupledPPO, KLLoss, PolicyLoss, PPOClipLoss, token_mean
 from rlhf.batch import Batch
 
 
@@ -28,10 +28,14 @@ class PolicyObjective:
         policy_loss: PolicyLoss = PPOClipLoss(),  # a policy-gradient loss from rlhf.algos (Frozen: safe to share)
         kl_loss: KLLoss | None = None,  # KL to the reference policy as a loss term (GRPO); None: off
         entropy_coef: float = 0.0,  # weight of the entropy bonus (subtracted from the loss)
+        # AReaL's decoupled objective for samples from an older policy (asynchronous rollout, docs/async.md):
+        # the loss is weighted by pi_old / pi_rollout per token; None: off
+        decoupled: DecoupledPPO | None = None,
     ):
         self.policy_loss = policy_loss
         self.kl_loss = kl_loss
         self.entropy_coef = entropy_coef
+        self.decoupled = decoupled
 
     @property
     def needs_ref(self) -> bool:
@@ -48,11 +52,17 @@ class PolicyObjective:
         # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.
         old = batch["old_log_probs"] if "old_log_probs" in batch else log_probs.detach()
         weights = batch["rollout_is_weights"] if "rollout_is_weights" in batch else None  # rollout correction (TIS)
+        behaviour = {}
+        if self.decoupled is not None:  # old is pi_prox; the samples came from pi_rollout
+            if weights is not None:
+                raise ValueError("PolicyObjective.decoupled and RLTrainer.rollout_correction's IS weights both correct "
+                                 "for the behaviour policy; keep one of them")
+            weights, behaviour = self.decoupled(old, batch["rollout_log_probs"], mask)
         # the generation limit, set once in SamplingParams and recorded by the rollout engine
         counts = dict(num_tokens=num_tokens, num_seqs=num_seqs,
                       max_new_tokens=batch.require_meta("max_new_tokens", "PolicyObjective"))
         loss, raw = self.policy_loss(log_probs, old, batch["advantages"], mask, rollout_is_weights=weights, **counts)
-        metrics = {f"actor/{k}": _detached(v) for k, v in raw.items()}
+        metrics = {f"actor/{k}": _detached(v) for k, v in {**raw, **behaviour}.items()}
         if self.kl_loss is not None:
             kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, **counts)
             loss = loss + kl

@@ -43,6 +43,7 @@ from rlhf.workers.memory import (
 )
 from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
+from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
 
 
 def response_log_probs(
@@ -157,8 +158,9 @@ class RolloutGap:
         return out
 
 
-class PolicyWorker:
-    """Generates, scores log-probs and trains the policy on one data-parallel rank."""
+class PolicyWorker(PublishesWeights):
+    """Generates, scores log-probs and trains the policy on one data-parallel rank; publishes its weights
+    to a rollout group for asynchronous rollout (`PublishesWeights`, docs/async.md)."""
 
     def __init__(
         self,
@@ -371,14 +373,23 @@ class PolicyWorker:
             self.engine.wake_up(["kv_cache"])
             self._engine_stale = False
             return
-        actor = self.trainer.unwrapped()
-        if self.adapter is not None:
-            actor = merged(actor)  # the engine holds plain weights: W + alpha/r B A
         check = SyncCheck()
-        self.engine.update_weights(check.tap(named_weights(actor)))
+        self.engine.update_weights(check.tap(self._rollout_weights()))
         self.engine.wake_up(["kv_cache"])
         self._check_sync(check)
         self._engine_stale = False
+
+    def _rollout_weights(self, plain: bool = True) -> NamedTensors:
+        """The actor's full weights by Hugging Face name, streamed (a collective under FSDP); `plain`:
+        an adapter merged in (W + alpha/r B A), as an engine with its own copy holds them."""
+        actor = self.trainer.unwrapped()
+        return named_weights(merged(actor) if plain and self.adapter is not None else actor)
+
+    def _is_main_rank(self) -> bool:
+        return self.trainer.accelerator.is_main_process
+
+    def _weights_device(self) -> torch.device:
+        return self.trainer.device
 
     def _check_sync(self, check: SyncCheck) -> None:
         """What the engine holds now must be what it was sent (WeightSyncError otherwise); an engine

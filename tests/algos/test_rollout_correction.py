@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from rlhf.algos.kl import kl_k1, kl_k2, kl_k3
 from rlhf.algos.rollout_correction import (
+    DecoupledPPO,
     RejectionMask,
     RolloutCorrection,
     SequenceTIS,
@@ -166,3 +167,35 @@ def test_rollout_correction_modes():
         RolloutCorrection()(None, ROLLOUT, MASK)
     with pytest.raises(ValueError):
         RolloutCorrection(rejections=[RejectionMask(upper=1.0), RejectionMask(upper=2.0)])
+
+
+def test_decoupled_ppo_golden():
+    # behaviour weights w = pi_prox / pi_behav = [3, 0.6, 1.5] (the masked 4th token ignored): cap 2 drops the 3
+    w, m = DecoupledPPO(behaviour_weight_cap=2.0)(LP, ROLLOUT, MASK)
+    torch.testing.assert_close(w, torch.tensor([[0.0, 0.6, 1.5, 0.0]]))
+    assert m["behaviour_weight_mean"].item() == pytest.approx((3 + 0.6 + 1.5) / 3)  # before the cap
+    assert m["behaviour_capped_fraction"].item() == pytest.approx(1 / 3)
+    w, m = DecoupledPPO()(LP, ROLLOUT, MASK)  # AReaL's cap 5 keeps all three
+    torch.testing.assert_close(w, torch.tensor([[3.0, 0.6, 1.5, 0.0]]))
+    assert m["behaviour_capped_fraction"].item() == 0.0
+    with pytest.raises(ValueError, match="must be > 1"):
+        DecoupledPPO(behaviour_weight_cap=1.0)
+
+
+@settings(max_examples=40)
+@given(case=cases(), cap=st.floats(1.01, 10.0))
+def test_decoupled_ppo_weights_are_the_ratio_below_the_cap_and_zero_elsewhere(case, cap):
+    """Whatever the padding holds, every weight is pi_prox / pi_behav where that is <= cap and the token counts,
+    and 0 otherwise; no gradient flows through them."""
+    prox = case.randn()
+    behav = prox + case.randn(scale=1.0)
+    prox.requires_grad_(True)
+    w, m = DecoupledPPO(cap)(perturb_padding(prox, case.mask, case.gen), perturb_padding(behav, case.mask, case.gen),
+                             case.mask)
+    ratio = torch.exp((prox - behav).detach())
+    expected = torch.where((case.mask != 0) & (ratio <= cap), ratio, torch.zeros(()))
+    torch.testing.assert_close(w, expected, rtol=1e-5, atol=0)
+    assert not w.requires_grad
+    valid = case.mask != 0
+    if valid.any():
+        assert m["behaviour_capped_fraction"].item() == pytest.approx(float((ratio[valid] > cap).float().mean()))

@@ -34,7 +34,8 @@ def fiddlers(module):
 
 
 CASES = [(p, None) for p in EXPERIMENTS] + [
-    (p, f) for p in EXPERIMENTS for f in [f.__name__ for f in fiddlers(load(p))] + ["local", "workers", "no_tracking"]
+    (p, f) for p in EXPERIMENTS
+    for f in [f.__name__ for f in fiddlers(load(p))] + ["local", "workers", "no_tracking", "one_step_off", "streaming"]
 ]
 
 

@@ -1,9 +1,11 @@
 """A small resumable RL job, run as a subprocess by test_kill_and_resume.py.
 
-usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [stream] [steps=N] [allow_changes]
+usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [stream] [steps=N] [allow_changes] [async=MODE]
 
 `stream`: the prompts come from a JSON Lines file through StreamingPromptDataset (resumed at the
-stream position saved in the checkpoint) instead of an in-memory PromptDataset.
+stream position saved in the checkpoint) instead of an in-memory PromptDataset. `async=MODE`:
+asynchronous rollout (docs/async.md): `one_step_off`, `fixed_lag_2` (two versions behind, exactly) or
+`streaming` (the newest weights, at most 2 versions behind).
 
 With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
 cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
@@ -40,14 +42,22 @@ from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.records import RolloutRecorder
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
+from rlhf_configs.async_rollout import use_async_rollout
 from rlhf_configs.pieces import policy_group
 from rlhf.workers.training import TrainingSetup
 
 TOTAL_STEPS = 8
 
 
+ASYNC = {
+    "one_step_off": dict(max_staleness=1, weights="fixed_lag"),
+    "fixed_lag_2": dict(max_staleness=2, weights="fixed_lag"),
+    "streaming": dict(max_staleness=2, weights="newest"),
+}
+
+
 def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_STEPS,
-          stream: bool = False) -> fdl.Config[Experiment]:
+          stream: bool = False, rollout: str | None = None) -> fdl.Config[Experiment]:
     tokenizer = fdl.Config(load_tokenizer, model)
     train_data = fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=24), tokenizer=tokenizer)
     if stream:
@@ -78,6 +88,8 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
         keep_checkpoints=2,
         records=fdl.Partial(RolloutRecorder),
     )
+    if rollout is not None:
+        use_async_rollout(stage, **ASYNC[rollout])
     return fdl.Config(
         Experiment,
         name="resume",
@@ -120,6 +132,8 @@ if __name__ == "__main__":
     if os.environ.get("KILL_AT"):
         install_kill_switch(int(os.environ["KILL_AT"]), os.environ.get("KILL_MODE", "mid_step"), out)
     steps = next((int(f.removeprefix("steps=")) for f in flags if f.startswith("steps=")), TOTAL_STEPS)
+    rollout = next((f.removeprefix("async=") for f in flags if f.startswith("async=")), None)
     with one_line_errors("run the same command again to resume from the newest checkpoint"):
-        run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags),
+        run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags,
+                             rollout=rollout),
                        allow_changes="allow_changes" in flags)

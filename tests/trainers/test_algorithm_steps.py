@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from rlhf.algos import (
+    DecoupledPPO,
     DynamicSamplingAccumulator,
     PPOClipLoss,
     RejectionMask,
@@ -108,6 +109,25 @@ def test_the_objective_applies_the_rollout_weights():
     assert objective(log_probs, None, batch, num_tokens=2, num_seqs=1)[0].item() == pytest.approx(-2.0)
     batch["rollout_is_weights"] = torch.tensor([[2.0, 0.5]])  # (-1 * 2 - 3 * 0.5) / 2 = -1.75
     assert objective(log_probs, None, batch, num_tokens=2, num_seqs=1)[0].item() == pytest.approx(-1.75)
+
+
+def test_the_decoupled_objective_weighs_each_token_by_its_behaviour_ratio():
+    """On-policy (no old_log_probs) the proximal policy is the current one: w = exp(log_probs - rollout_log_probs)
+    = [1.5, 0.5, 3 -> 0 above the cap 2]; the loss is the token mean of -w A r with r = 1, and its gradient
+    on token t is -w_t A_t / 3 (the capped token still counts in the mean, as in AReaL)."""
+    objective = PolicyObjective(policy_loss=PPOClipLoss(), decoupled=DecoupledPPO(behaviour_weight_cap=2.0))
+    log_probs = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    rollout = log_probs.detach() - torch.log(torch.tensor([[1.5, 0.5, 3.0]]))
+    batch = Batch({"response_mask": torch.ones(1, 3), "advantages": torch.tensor([[1.0, 2.0, 1.0]]),
+                   "rollout_log_probs": rollout}, meta={"max_new_tokens": 3})
+    loss, metrics = objective(log_probs, None, batch, num_tokens=3, num_seqs=1)
+    assert loss.item() == pytest.approx(-(1.5 * 1 + 0.5 * 2) / 3)
+    loss.backward()
+    torch.testing.assert_close(log_probs.grad, torch.tensor([[-1.5 / 3, -1.0 / 3, 0.0]]))
+    assert metrics["actor/behaviour_capped_fraction"].item() == pytest.approx(1 / 3)
+    batch["rollout_is_weights"] = torch.ones(1, 3)  # a rollout correction too: two corrections of one thing
+    with pytest.raises(ValueError, match="keep one of them"):
+        objective(log_probs, None, batch, num_tokens=3, num_seqs=1)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import datasets
 import fiddle as fdl
 from fiddle import daglish
 
-from rlhf.algos.requirements import reference_problems, setup_problems
+from rlhf.algos.requirements import reference_problems, setup_problems, staleness_problems
 from rlhf.data.arrow import data_sources, is_validated
 from rlhf.runtime.preflight.graph import args, callable_of, cli_path, get, is_a, nodes, stage_prefix
 from rlhf.runtime.remote import Remote, StageOutput
@@ -78,6 +78,10 @@ def data_flow_problems(name: str, stage: Any) -> tuple[list[str], list[str]]:
             if arguments.get("kl_in_reward") is not None and is_a(policy, Remote) and is_a(worker, PolicyWorker):
                 has_ref = get(worker, "ref_model_path") is not None
                 problems += reference_problems(kl_loss=False, kl_in_reward=True, has_ref=has_ref)
+            objective = get(worker, "objective") if is_a(policy, Remote) else None
+            problems += staleness_problems(stale_samples=arguments.get("async_rollout") is not None,
+                                           rollout_correction=arguments.get("rollout_correction") is not None,
+                                           decoupled=objective is not None and get(objective, "decoupled") is not None)
         if is_a(node, PolicyWorker):
             arguments = args(node)
             objective = arguments.get("objective")
