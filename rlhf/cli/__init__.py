@@ -35,6 +35,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
   rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
+  rlhf models check-template MODEL                is the chat template append-only for multi-turn tool rollouts?
   rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
   rlhf rollouts view STAGE_DIR                    browse them: steps, groups ranked, search, masked spans
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)

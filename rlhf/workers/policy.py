@@ -348,20 +348,28 @@ class PolicyWorker(PublishesWeights):
 
     # ------------------------------------------------------------- rollout
     @shard
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, keep_awake: bool = False) -> Batch:
         """Responses for this rank's prompts (n per prompt), with the engine's log-probs.
 
         The engine first gets the actor's current weights if they changed; a worker that trains
         puts it to sleep afterwards (its KV cache and weights leave the device for the update).
+        `keep_awake`: leave it awake for another call on the same weights (the next turn of a
+        multi-turn rollout); the caller ends with `sleep_engine`.
         """
         self._wake_engine()
         shares = getattr(self.engine, "shares_weights", False)  # only a shared module runs under our autocast
         with self.trainer.autocast() if shares else contextlib.nullcontext():
             out = self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
+        if not keep_awake:
+            self.sleep_engine()
+        return out
+
+    @on_all_ranks
+    def sleep_engine(self) -> None:
+        """Free the engine's memory for training (a worker that trains; an inference-only one keeps it)."""
         if self.objective is not None:
             self.engine.sleep()
             self._engine_stale = True  # after sleep the engine's weights are undefined (vLLM level 2)
-        return out
 
     def _wake_engine(self) -> None:
         """Weights first, then the KV cache: never old weights, new weights and a KV cache at once."""
