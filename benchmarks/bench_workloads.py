@@ -12,10 +12,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 OUT_ROOT = Path("outputs/bench_grpo_vs_trl")  # gitignored; SFT checkpoints are cached here
@@ -42,26 +44,54 @@ SIZES = {
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
-    """One benchmark configuration: 16 prompts x 8 samples per step."""
+    """One benchmark configuration: `prompts` x `samples` completions per step, one optimizer step."""
 
-    size: str  # key of SIZES
+    size: str  # key of SIZES, or the name of a given model (`model`)
     max_new_tokens: int
     beta: float  # KL coefficient (k3 against the reference policy); 0: no reference model
     full_length: bool = False  # EOS masked until max_new_tokens (min_new_tokens): every completion is full length
+    model: str | None = None  # a model folder used as it is (no SFT warm start); None: SIZES[size]'s SFT checkpoint
+    prompts: int = 16  # prompts per step
+    samples: int = 8  # completions per prompt
+    micro_batch: int | None = None  # completions per forward/backward (gradient accumulation); None: all at once
 
     @property
     def name(self) -> str:
-        return f"{self.size}/{self.max_new_tokens}tok{'-full' if self.full_length else ''}/beta{self.beta:g}"
+        name = f"{self.size}/{self.max_new_tokens}tok{'-full' if self.full_length else ''}/beta{self.beta:g}"
+        if self.model is not None:
+            name += f"/{self.prompts}x{self.samples}/mb{self.micro_batch or self.rows}"
+        return name
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.samples
+
+    @property
+    def micro_rows(self) -> int:
+        return self.micro_batch or self.rows
 
     @property
     def min_new_tokens(self) -> int:
         return self.max_new_tokens if self.full_length else 0
 
 
-PROMPTS_PER_STEP, SAMPLES_PER_PROMPT = 16, 8
 LR, GRAD_CLIP, TEMPERATURE, CLIP_EPS, SEED = 1e-4, 1.0, 1.0, 0.2, 0
 ADAM_WEIGHT_DECAY = 0.01  # torch.optim.AdamW's default; TRL (TrainingArguments) defaults to 0
 STD_EPS = 1e-4  # TRL adds 1e-4 to the group std; our GRPO's default is 1e-6
+
+
+def last_number_score(solution_str: str, ground_truth: str, extra_info: dict | None = None) -> float:
+    """1.0 when the last number in the response equals the truth ("26 + 36 = 72." scores 1): a pretrained
+    chat model explains before it answers, so exact match would score it 0 everywhere (no advantage)."""
+    numbers = re.findall(r"-?\d+", solution_str)
+    return 1.0 if numbers and numbers[-1] == str(ground_truth).strip() else 0.0
+
+
+def scorer(w: Workload):
+    """The reward both frameworks use: exact match for the SFT-warm-started tiny models, the last number otherwise."""
+    from rlhf.rewards.arithmetic import exact_match_score
+
+    return exact_match_score if w.model is None else last_number_score
 
 
 def _threads() -> None:
@@ -140,7 +170,8 @@ _STEPS: list[tuple[float, dict[str, float]]] = []
 class StepRecorder:
     """A tracker for run_experiment that keeps every step's metrics and the wall-clock of its end."""
 
-    def start_run(self, stage: str, params: dict | None = None, parent_run: str | None = None, tags=()) -> StepRecorder:
+    def start_run(self, stage: str, *, name: str | None = None, params: dict | None = None, parent_run: str | None = None,
+                  tags=()) -> StepRecorder:
         return self
 
     hash = None
@@ -166,7 +197,6 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
     from rlhf.data.generators import arithmetic_rows
     from rlhf.data.prompts import PromptDataset
     from rlhf.models.loading import load_tokenizer
-    from rlhf.rewards.arithmetic import exact_match_score
     from rlhf.rewards.manager import RewardManager
     from rlhf.rollout.sampling import SamplingParams
     from rlhf.runtime.experiment import Experiment
@@ -192,8 +222,7 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
         ref_model_path=checkpoint if w.beta else None,
         objective=objective,
         optimizer=fdl.Partial(torch.optim.AdamW, lr=LR, weight_decay=ADAM_WEIGHT_DECAY),
-        training=fdl.Config(TrainingSetup, micro_batch_size=PROMPTS_PER_STEP * SAMPLES_PER_PROMPT,
-                            grad_clip=GRAD_CLIP, seed=SEED),
+        training=fdl.Config(TrainingSetup, micro_batch_size=w.micro_rows, grad_clip=GRAD_CLIP, seed=SEED),
     )
     rl = fdl.Config(
         RLTrainer,
@@ -201,11 +230,11 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
         tokenizer=tokenizer,
         train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=7000, seed=0, split="train"),
                               tokenizer=tokenizer, name="train"),
-        reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": scorer(w)}),
         advantage=fdl.Config(GRPO, norm_by_std=True, eps=STD_EPS),
-        sampling=fdl.Config(SamplingParams, n=SAMPLES_PER_PROMPT, temperature=TEMPERATURE,
+        sampling=fdl.Config(SamplingParams, n=w.samples, temperature=TEMPERATURE,
                             max_new_tokens=w.max_new_tokens, min_new_tokens=w.min_new_tokens),
-        prompts_per_step=PROMPTS_PER_STEP,
+        prompts_per_step=w.prompts,
         total_steps=steps,
         seed=SEED,
     )
@@ -225,6 +254,19 @@ def run_ours(w: Workload, checkpoint: str, framework: str, steps: int, t0: float
     _threads()
     from rlhf.runtime.experiment import run_experiment
 
+    from rlhf.trainers.rl import RLTrainer
+
+    cpu: list[float] = []  # process CPU seconds of each step: less sensitive to a contended machine than wall time
+    inner_step = RLTrainer.step
+
+    def step(self, *args, **kwargs):
+        start = time.process_time()
+        try:
+            return inner_step(self, *args, **kwargs)
+        finally:
+            cpu.append(time.process_time() - start)
+
+    RLTrainer.step = step
     out_dir = tempfile.mkdtemp(prefix="bench-ours-")
     try:
         runtime, _, variant = framework.partition("+")
@@ -239,15 +281,39 @@ def run_ours(w: Workload, checkpoint: str, framework: str, steps: int, t0: float
     first = _STEPS[0][1]["timing_s/step"]
     step_s = [first] + [b - a for a, b in zip(ends, ends[1:])]
     per_step = []
-    for s, (_, m) in zip(step_s, _STEPS):
-        tokens = m["response_length/mean"] * PROMPTS_PER_STEP * SAMPLES_PER_PROMPT
-        per_step.append({"step_s": s, "gen_tokens": tokens, "reward": m["critic/score/mean"],
+    for s, (_, m), c in zip(step_s, _STEPS, cpu):
+        tokens = m["response_length/mean"] * w.rows
+        per_step.append({"step_s": s, "cpu_s": c, "gen_tokens": tokens, "reward": m["critic/score/mean"],
                          **{k: v for k, v in m.items() if k.startswith("timing_s/")},
                          "response_length_max": m["response_length/max"]})
     return {"per_step": per_step, "setup_s": ends[0] - first - t0, "run_s": end - start}
 
 
 # ------------------------------------------------------------------------------- TRL
+class PhaseClock:
+    """Seconds spent in some of a TRL trainer's methods, per optimizer step (benchmark instrumentation)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, owner: Any, method: str, key: Callable[..., str] | str) -> None:
+        inner = getattr(owner, method)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                name = key(*args, **kwargs) if callable(key) else key
+                self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+        setattr(owner, method, timed)
+
+    def take(self) -> dict[str, float]:
+        out, self.seconds = self.seconds, {}
+        return out
+
+
 def run_trl(w: Workload, checkpoint: str, steps: int, t0: float) -> dict:
     _threads()
     import torch
@@ -257,20 +323,29 @@ def run_trl(w: Workload, checkpoint: str, steps: int, t0: float) -> dict:
 
     from rlhf.data.generators import arithmetic_rows
     from rlhf.models.loading import load_tokenizer
-    from rlhf.rewards.arithmetic import exact_match_score
 
     rows = arithmetic_rows(7000, seed=0, split="train")
     dataset = Dataset.from_list([{"prompt": r["prompt"], "ground_truth": r["reward_model"]["ground_truth"]} for r in rows])
+    score = scorer(w)
 
-    def exact_match(completions, ground_truth, **_):
-        return [exact_match_score(c[0]["content"], gt) for c, gt in zip(completions, ground_truth)]
+    def reward(completions, ground_truth, **_):
+        return [score(c[0]["content"], gt) for c, gt in zip(completions, ground_truth)]
 
     ends: list[float] = []
     logs: list[dict] = []
+    phases: list[dict[str, float]] = []
+    clock = PhaseClock()
+
+    cpu: list[float] = []  # process CPU seconds of each optimizer step (generation included)
 
     class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            cpu.append(-time.process_time())
+
         def on_step_end(self, args, state, control, **kwargs):
             ends.append(time.perf_counter())
+            cpu[-1] += time.process_time()
+            phases.append(clock.take())
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and "reward" in logs:
@@ -283,9 +358,11 @@ def run_trl(w: Workload, checkpoint: str, steps: int, t0: float) -> dict:
     try:
         config = GRPOConfig(
             output_dir=out_dir,
-            per_device_train_batch_size=PROMPTS_PER_STEP * SAMPLES_PER_PROMPT,  # counts completions
-            num_generations=SAMPLES_PER_PROMPT,
-            gradient_accumulation_steps=1,
+            per_device_train_batch_size=w.micro_rows,  # counts completions
+            # one optimizer step per generation batch: steps_per_generation defaults to this, so TRL
+            # generates all w.rows completions at once and trains on them in w.rows / w.micro_rows slices
+            gradient_accumulation_steps=w.rows // w.micro_rows,
+            num_generations=w.samples,
             max_completion_length=w.max_new_tokens,
             temperature=TEMPERATURE,
             top_p=1.0,
@@ -314,12 +391,18 @@ def run_trl(w: Workload, checkpoint: str, steps: int, t0: float) -> dict:
         model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32)
         trainer = GRPOTrainer(
             model=model,
-            reward_funcs=exact_match,
+            reward_funcs=reward,
             args=config,
             train_dataset=dataset,
             processing_class=load_tokenizer(checkpoint),
             callbacks=[Clock()],
         )
+        clock.wrap(trainer, "_generate", "generate")
+        clock.wrap(trainer, "_get_per_token_logps_and_entropies",
+                   lambda model, *a, **k: "log_probs_ref" if model is trainer.ref_model else
+                   ("forward" if torch.is_grad_enabled() else "log_probs_old"))
+        clock.wrap(trainer.accelerator, "backward", "backward")
+        clock.wrap(torch.optim.AdamW, "step", "optimizer")  # before train() builds the optimizer
         start = time.perf_counter()
         trainer.train()
         end = time.perf_counter()
@@ -327,9 +410,10 @@ def run_trl(w: Workload, checkpoint: str, steps: int, t0: float) -> dict:
         shutil.rmtree(out_dir, ignore_errors=True)
     step_s = [ends[0] - start] + [b - a for a, b in zip(ends, ends[1:])]
     per_step = []
-    for s, log in zip(step_s, logs):
-        per_step.append({"step_s": s, "gen_tokens": log["completions/mean_length"] * PROMPTS_PER_STEP * SAMPLES_PER_PROMPT,
-                         "reward": log["reward"], "response_length_max": log.get("completions/max_length")})
+    for s, c, log, seconds in zip(step_s, cpu, logs, phases):
+        per_step.append({"step_s": s, "cpu_s": c, "gen_tokens": log["completions/mean_length"] * w.rows,
+                         "reward": log["reward"], "response_length_max": log.get("completions/max_length"),
+                         **{f"trl_s/{k}": v for k, v in seconds.items()}})
     return {"per_step": per_step, "setup_s": start - t0, "run_s": end - start}
 
 

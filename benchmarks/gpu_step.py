@@ -108,9 +108,12 @@ def policy_worker(path: str, shape: Shape, shared_prefix: bool = False, fused_lm
     from rlhf.workers.training import TrainingSetup
 
     training = TrainingSetup(strategy="ddp", compute_dtype="bfloat16", micro_batch_size=shape.micro_batch)
-    return PolicyWorker(path, objective=objective(), ref_model_path=path, training=training,
-                        optimizer=lambda p: torch.optim.AdamW(p, lr=LR),
-                        shared_prefix=shared_prefix, fused_lm_head=fused_lm_head, **kw)
+    worker = PolicyWorker(path, objective=objective(), ref_model_path=path, training=training,
+                          optimizer=lambda p: torch.optim.AdamW(p, lr=LR),
+                          shared_prefix=shared_prefix, fused_lm_head=fused_lm_head, **kw)
+    if worker.trainer.device.type != "cuda" and fused_lm_head:  # the CPU proxy: the head as a GPU runs it,
+        worker.keep_logits = False  # recomputing the logits in backward (a CPU keeps them: PolicyWorker)
+    return worker
 
 
 def prompt_batch(shape: Shape, seed: int = 0):

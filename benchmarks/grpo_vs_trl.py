@@ -3,6 +3,7 @@
     python benchmarks/grpo_vs_trl.py             # full: 20 steps, 3 repetitions, every workload
     python benchmarks/grpo_vs_trl.py --quick     # 6 steps, 1 repetition (harness development)
     python benchmarks/grpo_vs_trl.py --workloads tiny/8tok/beta0 --reps 5
+    python benchmarks/grpo_vs_trl.py --model PATH --tokens 64 256   # a real model as it is (see below)
 
 Identical work on both sides: the same tiny Qwen2 model (byte-level tokenizer, float32)
 warm-started once by our SFT stage (cached under outputs/bench_grpo_vs_trl/), two-digit
@@ -21,6 +22,16 @@ of each run are dropped, and the table gives medians over repetitions of each ru
 median. Peak memory is the summed RSS of the run's process tree (Ray: driver, GCS, raylet,
 daemons and the worker actor). Results go to benchmarks/results/ with the machine
 description and the load average before and after.
+
+`--model PATH` runs a given model folder as it is (no SFT warm start; e.g. SmolLM2-135M-Instruct
+from `rlhf models import smollm2-135m-instruct`), LocalRuntime against TRL by default: 16 prompts x
+4 samples, every completion forced to `--tokens` new tokens on both sides (`min_new_tokens`), k3 KL
+0.04 to a reference model, `--micro-batch` completions per forward/backward on both sides (TRL:
+per_device_train_batch_size with gradient accumulation up to one optimizer step per generation
+batch), and a last-number reward (a chat model explains before it answers). Each figure is a
+median over repetitions; the TRL/rlhf ratio is taken per repetition (the runs next to each other)
+and given with its spread. Both sides' phases are timed inside the run (ours: the worker's calls,
+its optimizer step and clipping; TRL: its `_generate`, log-prob passes, backward and AdamW step).
 """
 
 from __future__ import annotations
@@ -51,30 +62,49 @@ DEFAULT_WORKLOADS = (
     Workload("tiny", 64, 0.04, full_length=True),
     Workload("5m", 8, 0.04),
 )
-ROWS = PROMPTS = 16 * 8
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="6 steps, 1 repetition, discard 1 (harness development)")
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--steps", type=int, default=None, help="steps per run (default 20; 2 with --model)")
     p.add_argument("--steps-5m", type=int, default=10, help="steps of the 5m-model runs (each step takes seconds)")
-    p.add_argument("--discard", type=int, default=2, help="first steps of each run left out of the figures")
+    p.add_argument("--discard", type=int, default=None,
+                   help="first steps of each run left out of the figures (default 2; 1 with --model)")
     p.add_argument("--reps", type=int, default=3, help="fresh-process runs per framework and workload")
     p.add_argument("--workloads", nargs="*", default=None,
                    help="names like tiny/8tok/beta0.04 (default: " + ", ".join(w.name for w in DEFAULT_WORKLOADS) + ")")
     p.add_argument("--frameworks", nargs="*", default=["trl", "ray", "local"], choices=FRAMEWORKS)
-    p.add_argument("--timeout", type=float, default=600, help="seconds before a run is killed")
+    p.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed (600; 3600 with --model)")
     p.add_argument("--out", default=None, help="results JSON (default: benchmarks/results/grpo_vs_trl-<time>.json)")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--prepare", default=None, help=argparse.SUPPRESS)
     p.add_argument("--generation", default=None, help=argparse.SUPPRESS)
     p.add_argument("--no-generation", action="store_true", help="skip the generation-only comparison")
     p.add_argument("--result-file", default=None, help=argparse.SUPPRESS)
+    real = p.add_argument_group("a given model (--model)")
+    real.add_argument("--model", default=None, help="a model folder, used as it is (no SFT warm start)")
+    real.add_argument("--tokens", nargs="*", type=int, default=[64, 256], help="new tokens per completion (all forced)")
+    real.add_argument("--prompts", type=int, default=16)
+    real.add_argument("--samples", type=int, default=4)
+    real.add_argument("--micro-batch", type=int, default=16, help="completions per forward/backward, both sides")
+    real.add_argument("--beta", type=float, default=0.04, help="k3 KL coefficient to the reference model")
     args = p.parse_args(argv)
+    args.timeout = args.timeout or (3600 if args.model else 600)
+    args.steps = args.steps or (2 if args.model else 20)
+    args.discard = args.discard if args.discard is not None else (1 if args.model else 2)
     if args.quick:
         args.steps, args.steps_5m, args.reps, args.discard = 6, 4, 1, 1
+    if args.model is not None and "--frameworks" not in (argv if argv is not None else sys.argv):
+        args.frameworks = ["trl", "local"]
     return args
+
+
+def model_workloads(args: argparse.Namespace) -> list[Workload]:
+    """`--model`'s workloads: one per `--tokens`, every completion full length."""
+    name = Path(args.model).name
+    return [Workload(name, t, args.beta, full_length=True, model=str(Path(args.model).resolve()), prompts=args.prompts,
+                     samples=args.samples, micro_batch=args.micro_batch) for t in args.tokens]
 
 
 def parse_workload(name: str) -> Workload:
@@ -160,7 +190,8 @@ def run_one(framework: str, w: Workload, checkpoint: str, steps: int, timeout: f
     if result is None:
         print(f"  {framework} {w.name} FAILED (exit {code}):\n{tail}", flush=True)
         return {"framework": framework, "workload": w.name, "ok": False, "exit": code, "tail": tail, **memory}
-    return {"framework": framework, "workload": w.name, "ok": True, "load_before": load_before, **memory, **result}
+    return {"framework": framework, "workload": w.name, "ok": True, "rows": w.rows, "load_before": load_before,
+            "load_after": load_average(), **memory, **result}
 
 
 # -------------------------------------------------------------------------- figures
@@ -175,17 +206,25 @@ def run_figures(run: dict, discard: int) -> dict:
     step_s = _median([s["step_s"] for s in steps])
     fig = {
         "step_s": step_s,
+        "cpu_s": _median([s.get("cpu_s") for s in steps]),
         "gen_tokens_per_s": _median([s["gen_tokens"] / s["step_s"] for s in steps]),
-        "completions_per_s": ROWS / step_s,
+        "completions_per_s": run["rows"] / step_s,
         "mean_gen_tokens_per_step": statistics.mean(s["gen_tokens"] for s in steps),
         "reward": statistics.mean(s["reward"] for s in steps),
         "peak_rss_mib": run["peak_rss_mib"],
         "peak_pss_mib": run["peak_pss_mib"],
         "setup_s": run["setup_s"],
     }
-    if run["framework"] != "trl":
-        fig["phases"] = phase_split(steps)
+    fig["phases"] = trl_phase_split(steps) if run["framework"] == "trl" else phase_split(steps)
     return fig
+
+
+def trl_phase_split(steps: list[dict]) -> dict:
+    """Median seconds of each timed part of TRL's step; `other` is the rest (rewards, advantages, logging)."""
+    keys = sorted({k for s in steps for k in s if k.startswith("trl_s/")})
+    parts = {k.removeprefix("trl_s/"): _median([s.get(k, 0.0) for s in steps]) for k in keys}
+    parts["other"] = _median([s["step_s"] - sum(s.get(k, 0.0) for k in keys) for s in steps])
+    return parts
 
 
 def phase_split(steps: list[dict]) -> dict:
@@ -197,6 +236,8 @@ def phase_split(steps: list[dict]) -> dict:
     # update computes the reference log-probs itself (PolicyWorker.requirements): shown apart
     ref = [s.get("timing_s/ref_worker", 0.0) + s.get("timing_s/ref_in_update", 0.0) for s in steps]
     update = [s.get("timing_s/update_worker", 0.0) - s.get("timing_s/ref_in_update", 0.0) for s in steps]
+    forward_backward = [u - s.get("timing_s/optimizer_worker", 0.0) - s.get("timing_s/clip_worker", 0.0)
+                        for u, s in zip(update, steps)]
     parts = {
         "generate": med("timing_s/gen_worker"),
         "reward": med("timing_s/reward"),
@@ -204,6 +245,9 @@ def phase_split(steps: list[dict]) -> dict:
         "log_probs_ref": _median(ref),
         "advantage": med("timing_s/adv"),
         "update": _median(update),
+        "of_which_forward_backward": _median(forward_backward),
+        "of_which_optimizer": med("timing_s/optimizer_worker"),
+        "of_which_clip": med("timing_s/clip_worker"),
         "weight_sync": 0.0,  # hybrid engine: the HF engine generates with the actor's own module
     }
     overhead = [
@@ -227,52 +271,78 @@ def summarise(runs: list[dict], workloads: list[Workload], frameworks: list[str]
     summary: dict[str, dict] = {}
     for w in workloads:
         row: dict[str, dict] = {}
+        kept = [r for r in runs if r["ok"] and r["workload"] == w.name]
         for fw in frameworks:
-            figs = [run_figures(r, discard) for r in runs if r["ok"] and r["workload"] == w.name and r["framework"] == fw]
+            mine = [r for r in kept if r["framework"] == fw]
+            figs = [run_figures(r, discard) for r in mine]
             if not figs:
                 continue
             agg = {k: _median([f[k] for f in figs]) for k in figs[0] if k != "phases"}
             agg["step_s_runs"] = [round(f["step_s"], 4) for f in figs]
-            if "phases" in figs[0]:
-                agg["phases"] = {k: _median([f["phases"][k] for f in figs]) for k in figs[0]["phases"]}
+            keys = dict.fromkeys(k for f in figs for k in f["phases"])
+            agg["phases"] = {k: _median([f["phases"].get(k) for f in figs]) for k in keys}
             row[fw] = agg
         if "trl" in row:
+            trl = {r["rep"]: run_figures(r, discard) for r in kept if r["framework"] == "trl"}
             for fw in FRAMEWORKS[1:]:
                 if fw in row:
                     row[fw]["speedup_vs_trl"] = row["trl"]["step_s"] / row[fw]["step_s"]
+                    # per repetition: TRL's run and ours ran next to each other, under the same load
+                    mine = [(trl[r["rep"]], run_figures(r, discard)) for r in kept if r["framework"] == fw and r["rep"] in trl]
+                    ratios = [a["step_s"] / b["step_s"] for a, b in mine]
+                    cpu_ratios = [a["cpu_s"] / b["cpu_s"] for a, b in mine if a["cpu_s"] and b["cpu_s"]]
+                    if ratios:
+                        row[fw]["speedup_per_rep"] = [round(x, 3) for x in ratios]
+                        row[fw]["speedup_median"] = statistics.median(ratios)
+                        row[fw]["speedup_range"] = [min(ratios), max(ratios)]
+                    if cpu_ratios:  # CPU seconds: what contention on a shared machine changes least
+                        row[fw]["cpu_speedup_per_rep"] = [round(x, 3) for x in cpu_ratios]
+                        row[fw]["cpu_speedup_median"] = statistics.median(cpu_ratios)
+                        row[fw]["cpu_speedup_range"] = [min(cpu_ratios), max(cpu_ratios)]
         summary[w.name] = row
     return summary
 
 
 def table(summary: dict) -> str:
     lines = [
-        "| workload | framework | s/step (median) | runs | gen tok/s | completions/s | peak RSS MiB (PSS) | "
-        "speed-up vs TRL | reward |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| workload | framework | s/step (median) | runs | CPU s/step | gen tok/s | completions/s | peak RSS MiB (PSS) | "
+        "TRL / rlhf per repetition: median (range) | same, CPU seconds | reward |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, row in summary.items():
         for fw, f in row.items():
             runs = ", ".join(f"{x:.3f}" for x in f["step_s_runs"])
-            speed = f"{f['speedup_vs_trl']:.2f}x" if "speedup_vs_trl" in f else ""
+            speed, cpu_speed = (
+                f"{f[k + '_median']:.2f}x ({f[k + '_range'][0]:.2f}-{f[k + '_range'][1]:.2f})" if k + "_median" in f else ""
+                for k in ("speedup", "cpu_speedup"))
+            cpu = f"{f['cpu_s']:.2f}" if f.get("cpu_s") is not None else ""
             lines.append(
-                f"| {name} | {fw} | {f['step_s']:.3f} | {runs} | {f['gen_tokens_per_s']:.0f} | "
-                f"{f['completions_per_s']:.0f} | {f['peak_rss_mib']:.0f} ({f['peak_pss_mib']:.0f}) | {speed} | "
-                f"{f['reward']:.2f} |"
+                f"| {name} | {fw} | {f['step_s']:.3f} | {runs} | {cpu} | {f['gen_tokens_per_s']:.0f} | "
+                f"{f['completions_per_s']:.2f} | {f['peak_rss_mib']:.0f} ({f['peak_pss_mib']:.0f}) | {speed} | "
+                f"{cpu_speed} | {f['reward']:.2f} |"
             )
     lines += ["", "Our step, split (median seconds; worker-side times for remote work):", "",
-              "| workload | runtime | generate | reward | log-probs ref | update | adv | weight sync | "
-              "overhead (of which dispatch) | overhead share |",
+              "| workload | runtime | generate | reward | log-probs ref | update (fwd+bwd / AdamW / clip) | adv | "
+              "weight sync | overhead (of which dispatch) | overhead share |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in summary.items():
         for fw, f in row.items():
-            if "phases" not in f:
+            if fw == "trl":
                 continue
             p = f["phases"]
             lines.append(
                 f"| {name} | {fw} | {p['generate']:.4f} | {p['reward']:.4f} | {p['log_probs_ref']:.4f} | "
-                f"{p['update']:.4f} | {p['advantage']:.4f} | {p['weight_sync']:.1f} | "
+                f"{p['update']:.4f} ({p['of_which_forward_backward']:.4f} / {p['of_which_optimizer']:.4f} / "
+                f"{p['of_which_clip']:.4f}) | {p['advantage']:.4f} | {p['weight_sync']:.1f} | "
                 f"{p['runtime_overhead']:.4f} ({p['of_which_dispatch']:.4f}) | {100 * p['overhead_share']:.1f}% |"
             )
+    trl = {name: row["trl"]["phases"] for name, row in summary.items() if "trl" in row}
+    if trl:
+        keys = list(dict.fromkeys(k for p in trl.values() for k in p))
+        lines += ["", "TRL's step, split (median seconds, timed inside its trainer):", "",
+                  "| workload | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]
+        for name, p in trl.items():
+            lines.append(f"| {name} | " + " | ".join(f"{p.get(k) or 0.0:.4f}" for k in keys) + " |")
     return "\n".join(lines)
 
 
@@ -299,12 +369,19 @@ def main(argv=None) -> None:
     if args.generation:
         return generation(args.generation, args.result_file)
     os.chdir(ROOT)
-    workloads = [parse_workload(n) for n in args.workloads] if args.workloads else list(DEFAULT_WORKLOADS)
+    if args.model is not None:
+        workloads = model_workloads(args)
+    else:
+        workloads = [parse_workload(n) for n in args.workloads] if args.workloads else list(DEFAULT_WORKLOADS)
     machine = machine_info(ROOT)
     print(f"machine: {machine['cpu_model']}, {machine['logical_cpus']} CPUs, {machine['ram_gib']} GiB, "
           f"load {machine['load_average_at_start']}", flush=True)
-    checkpoints = prepare_checkpoints({w.size for w in workloads})
-    gen = {} if args.no_generation else generation_comparison(workloads, checkpoints)
+    if args.model is not None:  # used as it is; the phase tables show generation
+        checkpoints = {workloads[0].size: {"checkpoint": workloads[0].model}}
+        gen = {}
+    else:
+        checkpoints = prepare_checkpoints({w.size for w in workloads})
+        gen = {} if args.no_generation else generation_comparison(workloads, checkpoints)
     runs = []
     started = datetime.datetime.now()
     out = Path(args.out) if args.out else HERE / "results" / f"grpo_vs_trl-{started:%Y%m%d-%H%M%S}.json"
@@ -327,7 +404,7 @@ def main(argv=None) -> None:
         order = args.frameworks[rep % len(args.frameworks):] + args.frameworks[: rep % len(args.frameworks)]
         for w in workloads:
             for fw in order:
-                steps = args.steps_5m if w.size == "5m" else args.steps
+                steps = args.steps_5m if w.size == "5m" and w.model is None else args.steps
                 run = run_one(fw, w, checkpoints[w.size]["checkpoint"], steps, args.timeout)
                 run["rep"] = rep
                 runs.append(run)
@@ -337,6 +414,8 @@ def main(argv=None) -> None:
                     print(f"rep {rep} {w.name:22s} {fw:5s} median {statistics.median(kept):.3f} s/step, "
                           f"peak RSS {run['peak_rss_mib']:.0f} MiB, setup {run['setup_s']:.1f} s, "
                           f"load {load_average()[0]}", flush=True)
+                    phases = run_figures(run, args.discard)["phases"]
+                    print("    " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v is not None), flush=True)
     summary = summarise(runs, workloads, args.frameworks, args.discard)
     machine["load_average_at_end"] = load_average()
     text = table(summary) + generation_table(gen)

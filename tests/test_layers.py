@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlhf_configs", "rlhf.sweeps"),  # reusable graph pieces; running N variants of a graph
     ("rlhf.config", "rlhf.runtime"),  # editing a graph; running one (preflight, plan, runtimes)
     ("rlhf.trainers", "rlhf.serve"),  # driver loops; the OpenAI-compatible server
-    ("rlhf.workers",),  # policy, critic, reward-model workers
+    ("rlhf.workers", "rlhf.agents"),  # policy, critic, reward-model workers; multi-turn rollouts (agent loop)
     ("rlhf.rollout", "rlhf.data"),  # rollout engines; datasets
     ("rlhf.rewards", "rlhf.models", "rlhf.tracking"),  # scorers; model loading; Aim
     ("rlhf.algos", "rlhf.graph", "rlhf.io"),  # pure math; graphs as data; atomic files

@@ -185,16 +185,21 @@ def sum_pi_squared_from_logits(
 
 
 class _LinearLogProbEntropy(torch.autograd.Function):
-    """`_LogProbEntropy` of z = (hidden @ weight^T) / tau, with z built block by block and never kept.
+    """`_LogProbEntropy` of z = (hidden @ weight^T) / tau, the LM head applied here rather than by the model.
 
-    The (N, V) logits and their gradient never exist whole: forward computes each block's logits,
-    its statistics, and drops it; backward recomputes the block's logits, forms dL/dz for the
-    block and accumulates dL/dhidden = dz W and dL/dW = dz^T hidden. Matrix products run in
-    `compute_dtype` (the autocast dtype of the forward), statistics in float32.
+    Recomputing (`keep_logits=False`): the (N, V) logits and their gradient never exist whole:
+    forward computes each block's logits, its statistics, and drops it; backward recomputes the
+    block's logits, forms dL/dz for the block and accumulates dL/dhidden = dz W and
+    dL/dW = dz^T hidden. Keeping (`keep_logits=True`): forward computes the logits in one product
+    and keeps them; backward overwrites each block of them with its dL/dz, then forms both
+    gradients in one product each: the logits' memory once (a model's own head keeps them and
+    then allocates their gradient beside them) and no matmul more than the plain path. Matrix
+    products run in `compute_dtype` (the autocast dtype of the forward), statistics in float32.
     """
 
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature: float, rows: int, with_entropy: bool, compute_dtype):
+    def forward(ctx, hidden, weight, labels, temperature: float, rows: int, with_entropy: bool, compute_dtype,
+                keep_logits: bool):
         h = hidden.reshape(-1, hidden.shape[-1])
         y = labels.reshape(-1, 1)
         w = weight.to(compute_dtype)
@@ -203,16 +208,23 @@ class _LinearLogProbEntropy(torch.autograd.Function):
         lse = torch.empty(n, dtype=torch.float32, device=h.device)
         log_probs = torch.empty_like(lse)
         entropy = torch.empty_like(lse) if with_entropy else None
+        keep = keep_logits and any(ctx.needs_input_grad[:2])  # no backward, nothing to keep
+        z = torch.mm(h.to(compute_dtype), w.t()) if keep else None
         for start in range(0, n, rows):
             sl = slice(start, start + rows)
-            zc = torch.mm(h[sl].to(compute_dtype), w.t()).float().mul_(inv_t)
+            if keep:  # never written to here: backward reads the logits
+                zc = _scaled_block(z[sl], inv_t, torch.float32)
+            else:
+                zc = torch.mm(h[sl].to(compute_dtype), w.t()).float().mul_(inv_t)
             block_lse = torch.logsumexp(zc, dim=-1, out=lse[sl])
             torch.sub(zc.gather(-1, y[sl]).squeeze(-1), block_lse, out=log_probs[sl])
             if entropy is not None:
                 p = torch.sub(zc, block_lse[:, None]).exp_()
                 torch.sub(block_lse, p.mul_(zc).sum(-1), out=entropy[sl])
-        ctx.save_for_backward(hidden, weight, labels, lse, entropy if entropy is not None else lse)
+        ctx.save_for_backward(hidden, weight, labels, lse, entropy if entropy is not None else lse,
+                              z if keep else lse)
         ctx.inv_t, ctx.rows, ctx.with_entropy, ctx.compute_dtype = inv_t, rows, with_entropy, compute_dtype
+        ctx.keep = keep
         ctx.set_materialize_grads(False)
         shape = labels.shape
         return log_probs.reshape(shape), (entropy.reshape(shape) if entropy is not None else None)
@@ -220,13 +232,15 @@ class _LinearLogProbEntropy(torch.autograd.Function):
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_lp, grad_h):
-        hidden, weight, labels, lse, entropy = ctx.saved_tensors
+        hidden, weight, labels, lse, entropy, z = ctx.saved_tensors
         cdt, inv_t, rows = ctx.compute_dtype, ctx.inv_t, ctx.rows
         h = hidden.reshape(-1, hidden.shape[-1])
         y = labels.reshape(-1, 1)
         w = weight.to(cdt)
         g_lp = grad_lp.reshape(-1).float() if grad_lp is not None else torch.zeros_like(lse)
         g_h = grad_h.reshape(-1).float() if grad_h is not None and ctx.with_entropy else None
+        if ctx.keep:
+            return _kept_logits_backward(ctx, hidden, weight, h, w, y, z, lse, entropy, g_lp, g_h)
         grad_hidden = torch.empty_like(h) if ctx.needs_input_grad[0] else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
             if ctx.needs_input_grad[1] else None
@@ -248,7 +262,31 @@ class _LinearLogProbEntropy(torch.autograd.Function):
                 grad_weight.add_(torch.mm(dz.t(), hc))
         grad_hidden = grad_hidden.reshape(hidden.shape) if grad_hidden is not None else None
         grad_weight = grad_weight.to(weight.dtype) if grad_weight is not None else None
-        return grad_hidden, grad_weight, None, None, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None, None, None
+
+
+def _kept_logits_backward(ctx, hidden, weight, h, w, y, z, lse, entropy, g_lp, g_h):
+    """`_LinearLogProbEntropy.backward` from the kept logits z (N, V): each block of z becomes its dL/dz
+    in place (the same float32 arithmetic as the recomputing path), then dz W and dz^T hidden."""
+    inv_t, rows, cdt = ctx.inv_t, ctx.rows, ctx.compute_dtype
+    for start in range(0, z.shape[0], rows):
+        sl = slice(start, start + rows)
+        block = z[sl]
+        zc = _scaled_block(block, inv_t, torch.float32)  # `block` itself when nothing changes: fine to overwrite now
+        centered = torch.sub(zc, (lse[sl] - entropy[sl])[:, None]) if g_h is not None else None
+        p = zc.sub_(lse[sl, None]).exp_()
+        if centered is None:
+            dz = p.mul_(-g_lp[sl, None])
+        else:
+            dz = p.mul_(centered.mul_(g_h[sl, None]).add_(g_lp[sl, None])).neg_()
+        dz.scatter_add_(-1, y[sl], g_lp[sl, None])
+        if inv_t != 1.0:
+            dz.mul_(inv_t)
+        if dz.data_ptr() != block.data_ptr():
+            block.copy_(dz)
+    grad_hidden = torch.mm(z, w).reshape(hidden.shape).to(hidden.dtype) if ctx.needs_input_grad[0] else None
+    grad_weight = torch.mm(z.t(), h.to(cdt)).to(weight.dtype) if ctx.needs_input_grad[1] else None
+    return grad_hidden, grad_weight, None, None, None, None, None, None
 
 
 def linear_log_probs_and_entropy(
@@ -259,14 +297,18 @@ def linear_log_probs_and_entropy(
     temperature: float = 1.0,
     with_entropy: bool = False,
     max_block_elements: int | None = None,  # None: default_block_elements(hidden.device)
+    keep_logits: bool = False,  # keep the logits for backward instead of recomputing them
 ) -> tuple[Tensor, Tensor | None]:
-    """`log_probs_and_entropy(hidden @ weight^T, labels, ...)` without the (B, T, V) logits.
+    """`log_probs_and_entropy(hidden @ weight^T, labels, ...)`, the LM head applied here.
 
     hidden: (B, T, H) final hidden states (the LM head's input); weight: (V, H) the LM head's
     weight (no bias); labels: (B, T). Matrix products run in the autocast dtype when autocast is
-    on (else the hidden states' dtype), statistics in float32. Saves memory of two (B, T, V)
-    tensors (the logits and their gradient) at the cost of recomputing the head's product in
-    backward (one extra (B*T, H) x (H, V) matmul).
+    on (else the hidden states' dtype), statistics in float32. Against the model's own head
+    followed by `log_probs_and_entropy`, which keeps the (B, T, V) logits and then allocates their
+    gradient: `keep_logits=False` keeps neither, at the cost of recomputing the head's product in
+    backward (one extra (B*T, H) x (H, V) matmul: memory first, for GPUs); `keep_logits=True`
+    keeps the logits once and turns them into their gradient in place, with no extra matmul
+    (compute first, for CPUs). Without autograd both keep nothing.
     """
     device = hidden.device
     if torch.is_autocast_enabled(device.type):
@@ -275,4 +317,5 @@ def linear_log_probs_and_entropy(
         compute = torch.promote_types(hidden.dtype, weight.dtype)
     budget = max_block_elements or default_block_elements(device)
     rows = block_rows(labels.numel(), weight.shape[0], budget)
-    return _LinearLogProbEntropy.apply(hidden, weight, labels, float(temperature), rows, with_entropy, compute)
+    return _LinearLogProbEntropy.apply(hidden, weight, labels, float(temperature), rows, with_entropy, compute,
+                                       keep_logits)

@@ -360,3 +360,36 @@ def countdown_rows(
         }
         for index, (numbers, target, solution) in enumerate(problems)
     ]
+
+
+# ------------------------------------------------------------------------ long addition
+
+
+def long_addition_rows(n: int, *, digits: int = 4, seed: int = 0, split: Split = "train") -> list[dict]:
+    """`n` additions of two `digits`-digit numbers, "What is 4821+7390?", the sum as ground truth.
+
+    Too long for the tiny model to add itself in a few minutes of training, short enough to copy
+    into a calculator call (experiments/tool_calculator.py). `extra_info` keeps the operands `a`,
+    `b`. Each problem's split comes from its hash, like every generator here; duplicates are drawn
+    again (train and test never share a problem).
+    """
+    _check_args("long_addition_rows", n, split)
+    if digits < 1:
+        raise ValueError(f"long_addition_rows: digits must be >= 1, got {digits}")
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    rng = _rng(f"long_addition{digits}", seed, split)
+
+    def make() -> tuple[int, int]:
+        return rng.randint(low, high), rng.randint(low, high)
+
+    pairs = _unique_problems(f"long_addition{digits}", n, split, make, key_of=lambda p: f"{p[0]}+{p[1]}")
+    return [
+        {
+            "data_source": "long_addition",
+            "prompt": [{"role": "user", "content": f"What is {a}+{b}?"}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a + b)},
+            "extra_info": {"split": split, "index": index, "a": a, "b": b},
+        }
+        for index, (a, b) in enumerate(pairs)
+    ]

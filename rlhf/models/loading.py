@@ -42,7 +42,9 @@ _OFFLINE_HINT = (
 
 
 def _looks_like_hub_id(name: str) -> bool:
-    return name.count("/") == 1 and not name.startswith((".", "/", "~")) and not Path(name).exists()
+    # a Path (what `rlhf.models.importing.import_model` returns) is a folder, never a hub id
+    return isinstance(name, str) and name.count("/") == 1 and not name.startswith((".", "/", "~")) \
+        and not Path(name).exists()
 
 
 def resolve_model_path(name_or_path: str) -> str:

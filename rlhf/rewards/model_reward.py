@@ -18,11 +18,16 @@ from rlhf.batch import Batch
 
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,R) zeros with scores[i] on row i's last valid response token (rows with none stay 0)."""
+    """(B,R) zeros with scores[i] on row i's last valid response token (rows with none stay 0).
+
+    The last position where the mask is 1, not the count of 1s minus one: a multi-turn mask has
+    holes (tool results), and a score put in one would be masked away by every estimator.
+    """
     token_level = torch.zeros(response_mask.shape, dtype=torch.float32)
-    lengths = response_mask.sum(dim=1)
-    rows = torch.nonzero(lengths > 0).squeeze(1)
-    token_level[rows, lengths[rows] - 1] = scores[rows].float()
+    valid = response_mask != 0
+    rows = torch.nonzero(valid.any(dim=1)).squeeze(1)
+    last = response_mask.shape[1] - 1 - valid.flip(1).int().argmax(dim=1)
+    token_level[rows, last[rows]] = scores[rows].float()
     return token_level
 
 

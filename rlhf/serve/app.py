@@ -33,6 +33,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rlhf.data.tokenize import chat_prompt_ids
 from rlhf.rollout.engine import RolloutEngine
 from rlhf.serve.completion import Completion
+from rlhf.serve.gateway import SessionStore
 from rlhf.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
 
@@ -59,6 +60,7 @@ def build_app(
     limits: ServeLimits = ServeLimits(),
     api_key: str | None = None,
     model_aliases: Sequence[str] = (),
+    sessions: SessionStore | None = None,  # gateway mode: record trajectories under /sessions/{id}/v1 (rlhf.serve.gateway)
 ) -> FastAPI:
     """An app serving `engine` as model `model_name` (requests may also name one of `model_aliases`)."""
     scheduler = BatchScheduler(
@@ -232,15 +234,69 @@ def build_app(
             prompt = chat_prompt_ids(tokenizer, [m.template_dict() for m in req.messages])
         except Exception as err:  # the model's chat template rejected the messages
             raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
+        return await chat_reply(req, prompt, await chat_choices(req, prompt))
+
+    async def chat_choices(req: ChatCompletionRequest, prompt: list[int]) -> list[Completion]:
         requested = req.max_completion_tokens or req.max_tokens
         param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
         limit = max_tokens(requested, [prompt], limits.max_tokens_limit, param, "messages")
-        choices = await run(Job([prompt], max_tokens=limit, **sampling(req)))
+        return await run(Job([prompt], max_tokens=limit, **sampling(req)))
+
+    async def chat_reply(req: ChatCompletionRequest, prompt: list[int], choices: list[Completion]):
         reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", int(time.time()), model_name)
         if req.stream:
             usage = req.stream_options is not None and bool(req.stream_options.include_usage)
             return _sse(reply.chat_chunks(choices, bool(req.logprobs), len(prompt), usage, tokenizer))
         return reply.chat(choices, bool(req.logprobs), len(prompt), tokenizer)
+
+    if sessions is not None:
+        _session_routes(app, sessions, v1, read_json, check_model, chat_choices, chat_reply)
+    return app
+
+
+def _session_routes(app: FastAPI, sessions: SessionStore, v1, read_json, check_model, chat_choices, chat_reply) -> None:
+    """Gateway mode: chat completions recorded per session, and the records (see rlhf.serve.gateway)."""
+
+    @app.post("/sessions/{session_id}/v1/chat/completions", dependencies=v1)
+    async def session_chat(session_id: str, request: Request):
+        req = parse_request(ChatCompletionRequest, await read_json(request))
+        check_model(req.model)
+        if req.n != 1:
+            raise ApiError(400, "A session records one trajectory per conversation: n must be 1 (send n requests "
+                           "in n sessions to sample n conversations).", param="n")
+        session = sessions.get(session_id)
+        async with session.lock:  # one turn at a time: each continues the ids of the last
+            try:
+                prompt = sessions.prompt_ids(session, [m.template_dict() for m in req.messages])
+            except Exception as err:  # the chat template rejected the messages
+                raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
+            choices = await chat_choices(req, prompt)
+            temperature = 1.0 if not req.temperature else req.temperature  # the log-probs' (greedy: 1)
+            sessions.record(session, choices[0].token_ids, choices[0].log_probs, temperature)
+        return await chat_reply(req, prompt, choices)
+
+    @app.get("/sessions/{session_id}", dependencies=v1)
+    async def session_record(session_id: str) -> dict:
+        session = sessions.get(session_id, create=False)
+        if session is None:
+            raise ApiError(404, f"No session {session_id!r} (it never made a request, or was dropped).")
+        return {"session": session_id, **session.to_dict()}
+
+    @app.post("/sessions/{session_id}/reward", dependencies=v1)
+    async def session_reward(session_id: str, request: Request) -> dict:
+        body = await read_json(request)
+        session = sessions.get(session_id, create=False)
+        if session is None or not session.trajectories:
+            raise ApiError(404, f"No session {session_id!r} with a trajectory to reward.")
+        reward = body.get("reward") if isinstance(body, dict) else None
+        if not isinstance(reward, (int, float)) or isinstance(reward, bool):
+            raise ApiError(400, 'The body must be {"reward": <number>}.', param="reward")
+        session.trajectories[-1].rewards.append(float(reward))
+        return {"session": session_id, "rewards": session.trajectories[-1].rewards}
+
+    @app.delete("/sessions/{session_id}", dependencies=v1)
+    async def session_drop(session_id: str) -> dict:
+        return {"session": session_id, "deleted": sessions.drop(session_id)}
 
     return app
 

@@ -21,6 +21,7 @@ from rlhf.models.loading import ModelNotFoundError
 from rlhf.rollout.choose import engine_class
 from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.serve.app import ServeLimits, build_app
+from rlhf.serve.gateway import SessionStore
 
 log = logging.getLogger("rlhf.serve")
 
@@ -63,6 +64,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help="vLLM: fraction of GPU memory (of RAM on CPU) for weights and KV cache")
     parser.add_argument("--max-model-len", type=int, default=None,
                         help="vLLM: prompt + response tokens per sequence (default: the model's limit)")
+    parser.add_argument(
+        "--sessions", action="store_true",
+        help="gateway mode: record every chat completion under /sessions/ID/v1 as a token-exact trajectory "
+        "(prompt ids, response ids, log-probs; GET /sessions/ID), for training on an agent's conversations",
+    )
+    parser.add_argument("--max-sessions", type=int, default=10_000,
+                        help="gateway mode: sessions kept (the least recently used beyond it are dropped)")
     parser.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument(
@@ -90,7 +98,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise SystemExit(f"error: {err}") from None
     name = args.served_model_name or args.model
     aliases = [args.model, str(Path(args.model).expanduser().resolve()), Path(args.model).name]
-    app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases)
+    sessions = SessionStore(engine.tokenizer, engine.eos_token_ids, args.max_sessions) if args.sessions else None
+    app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases, sessions=sessions)
     log.info("serving %s as %r on http://%s:%d/v1", args.model, name, args.host, args.port)
     uvicorn.run(
         app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,

@@ -10,6 +10,7 @@ from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.eval_job import evaluate_scores, metric_names
+from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
 from rlhf.trainers.scoring import score_rollout
 
 
@@ -34,6 +35,7 @@ class Evaluator:
         prompts_per_call: PositiveInt = 512,  # prompts per generate call (x sampling.n rows), over all workers
         aux_rewards: dict[str, RewardManager] | None = None,  # name -> another scoring of the same responses
         n_boot: int = 200,  # bootstrap resamples for the intervals (0: no intervals)
+        rollout: RolloutProducer = SingleTurn(),  # one generate, or rlhf.agents.AgentRollout (multi-turn, with tools)
     ):
         sources = dataset.data_sources
         for manager in [reward, *(aux_rewards or {}).values()]:
@@ -45,6 +47,7 @@ class Evaluator:
         self.prompts_per_call = prompts_per_call
         self.aux_rewards = dict(aux_rewards or {})
         self.n_boot = n_boot
+        self.rollout = rollout
         self.ks = [2**i for i in range(sampling.n.bit_length()) if 2**i <= sampling.n]
 
     def __call__(self, policy) -> dict[str, float]:
@@ -52,9 +55,12 @@ class Evaluator:
         rows: list[dict] = []
         scores: list[list[float]] = []
         aux: dict[str, list[float]] = defaultdict(list)
+        produced: dict[str, list[float]] = defaultdict(list)
         reward_metrics: list[tuple[dict[str, float], int]] = []
         for prompts in self.dataset.in_order(self.prompts_per_call):
-            rollout = policy.generate(prompts, self.sampling)  # the n samples of a prompt are adjacent
+            rollout, rollout_metrics = self.rollout(policy, prompts, self.sampling)  # a prompt's n samples adjacent
+            for name, value in rollout_metrics.items():
+                produced[name].append(value)
             scored, call_metrics = score_rollout(rollout, self.dataset.tokenizer, self.reward)
             reward_metrics.append((call_metrics, len(rollout)))
             flat, texts = scored["scores"].tolist(), list(scored["response_text"])
@@ -71,6 +77,8 @@ class Evaluator:
             metrics = {k: v for k, v in metrics.items() if not k.endswith(("/ci_low", "/ci_high"))}
         metrics.update({k: sum(v) / len(v) for k, v in sorted(aux.items())})
         metrics.update({f"val-aux/{k}": v for k, v in combine_reward_metrics(reward_metrics).items()})
+        # the producer's own metrics (multi-turn: turns, tool calls), averaged over the calls
+        metrics.update({f"val-aux/{k}": sum(v) / len(v) for k, v in sorted(produced.items()) if not k.startswith("timing")})
         return metrics
 
 

@@ -1,7 +1,10 @@
 """Rollout records: each step's prompts, responses, rewards and advantages as JSON Lines.
 
 `rlhf rollouts show RUN --step N` reads them back (best and worst response per group), so a
-user can see what the policy actually generated at any step of a run.
+user can see what the policy actually generated at any step of a run. A multi-turn response
+(rlhf.agents) is also recorded as `segments`: its runs of tokens the policy sampled and was trained
+on (`trained` true) and of tokens it was only shown (tool results, template tokens), decoded with the
+special tokens; `show` prints them one per line, `rlhf rollouts view` dims the untrained ones.
 
 A step's rows are appended in one write; a write that fails (a full disk) is cut back to where
 the file ended, so the file never keeps half a step. A kill in the middle of the write can still
@@ -19,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rlhf.agents.batch import response_spans
 from rlhf.batch import Batch
 
 RECORDS_FILE = "rollouts.jsonl"
@@ -48,8 +52,9 @@ class RolloutRecorder:
         self.max_groups_per_step = max_groups_per_step
         self.seed = seed
 
-    def write(self, folder: Path, step: int, batch: Batch, texts: list[str], prompts: list[str]) -> int:
-        """Record the groups selected for `step`; returns the number of rows written."""
+    def write(self, folder: Path, step: int, batch: Batch, texts: list[str], prompts: list[str], tokenizer=None) -> int:
+        """Record the groups selected for `step`; returns the number of rows written. With `tokenizer`,
+        rows whose response holds tokens outside the loss mask (multi-turn) get their `segments`."""
         uids = [str(u) for u in batch["uid"]]
         groups = sorted(set(uids))
         rng = np.random.default_rng([self.seed, step])
@@ -76,6 +81,14 @@ class RolloutRecorder:
                 "ground_truth": str(batch["ground_truth"][i]),
                 "data_source": str(batch["data_source"][i]),
             }
+            agent = (batch["extra_info"][i] or {}).get("agent") if "extra_info" in batch else None
+            if agent is not None:
+                row["agent"] = agent
+            if tokenizer is not None and "attention_mask" in batch:
+                real = batch["attention_mask"][i, -mask.shape[1]:].bool()
+                if bool((real & ~mask[i]).any()):  # tokens the loss did not see: tell them apart
+                    row["segments"] = [{"text": text, "trained": bool(trained)} for text, trained in response_spans(
+                        tokenizer, batch["responses"][i][real].tolist(), mask[i][real].int().tolist())]
             if "policy_version" in batch:  # the weights that generated it (behind the step's with async rollout)
                 row["policy_version"] = int(batch["policy_version"][i])
             lines.append(json.dumps(row, ensure_ascii=False))
@@ -149,5 +162,13 @@ def format_records(rows: list[dict], max_chars: int = 200) -> str:
         lines.append(f"step {step}  {uid}  ({len(group)} samples, truth {group[0]['ground_truth']!r})")
         lines.append(f"  prompt: {group[0]['prompt'][:max_chars]!r}")
         for label, r in (("best", group[0]), ("worst", group[-1])):
-            lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}: {r['response'][:max_chars]!r}")
+            if "segments" not in r:
+                lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}: "
+                             f"{r['response'][:max_chars]!r}")
+                continue
+            agent = r.get("agent") or {}
+            lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}, "
+                         f"{agent.get('num_turns', '?')} turns, {agent.get('finish_reason', '?')}:")
+            for segment in r["segments"]:
+                lines.append(f"      {'trained' if segment['trained'] else 'context':7} | {segment['text'][:max_chars]!r}")
     return "\n".join(lines)

@@ -50,6 +50,7 @@ from rlhf.trainers.dynamic_sampling import collect_groups_with_variance, concat_
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
 from rlhf.trainers.records import RolloutRecorder, truncate_records
+from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
 from rlhf.trainers.scoring import score_rollout
 from rlhf.trainers.timing import timed
 
@@ -91,6 +92,7 @@ class RLTrainer:
         # target_num_groups=prompts_per_step); None: off
         dynamic_sampling: Callable[..., DynamicSamplingAccumulator] | None = None,
         pf_ppo: Weighting | None = None,  # PF-PPO: resample the batch by a weighting of the scores (PowWeights())
+        rollout: RolloutProducer = SingleTurn(),  # makes each batch: one generate, or rlhf.agents.AgentRollout (multi-turn)
         # rollouts from a group of their own, up to max_staleness policy versions behind the trainer (docs/async.md;
         # the loss needs the behaviour log-probs: rollout_correction or PolicyObjective.decoupled); None: each
         # step generates with the policy's engine
@@ -98,6 +100,11 @@ class RLTrainer:
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
+        if async_rollout is not None and not isinstance(rollout, SingleTurn):
+            raise ValueError(
+                "RLTrainer: async_rollout generates one response per sample in the rollout group; a multi-turn "
+                f"rollout ({type(rollout).__name__}) runs synchronously only: leave async_rollout=None."
+            )
         reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
         problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
                                   dynamic_sampling=dynamic_sampling is not None)
@@ -132,6 +139,7 @@ class RLTrainer:
         self.rollout_correction = rollout_correction
         self.dynamic_sampling = dynamic_sampling
         self.pf_ppo = pf_ppo
+        self.rollout = rollout
         self.async_rollout = async_rollout
         self.needs = estimator_needs(advantage)
         self.seed = seed
@@ -180,7 +188,8 @@ class RLTrainer:
             ctx.log(metrics, step)
             self._metrics = metrics
             if self.records is not None:
-                self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch))
+                self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch),
+                                   self.tokenizer)
             if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
                 self.save(checkpoints, step, ctx)
             bar.set_postfix(
@@ -243,7 +252,7 @@ class RLTrainer:
         timing["timing_s/step"] = time.perf_counter() - start
         tokens = float(batch["attention_mask"].sum())
         metrics = {
-            **rollout_metrics(batch, self.sampling.max_new_tokens),
+            **rollout_metrics(batch, batch.require_meta("max_new_tokens", "RLTrainer")),
             **reward_metrics,
             **correction_metrics,
             **kl_metrics,
@@ -276,18 +285,28 @@ class RLTrainer:
             metrics[key] = sum(r.get(key, 0.0) for r in rounds) / len(rounds)
         return batch, metrics
 
+    def _produce(
+        self, prompts: Batch, sampling: SamplingParams, generate: Callable[[Batch, SamplingParams], Batch]
+    ) -> tuple[Batch, dict[str, float]]:
+        """The rollout producer's batch and metrics on the policy group's engine (`generate` is its own);
+        asynchronous rollout, single-turn only, generates with the rollout group's `generate`."""
+        if self.async_rollout is not None:
+            return generate(prompts, sampling), {}
+        return self.rollout(self.policy, prompts, sampling)
+
     def _generate_and_score(
         self, prompts: Batch, timing: dict[str, float], generate: Callable[[Batch, SamplingParams], Batch]
     ) -> tuple[Batch, dict[str, float]]:
         with timed(timing, "gen"):
-            batch = generate(prompts, self.sampling)
+            batch, produced = self._produce(prompts, self.sampling, generate)
         with timed(timing, "reward"):
             scores, metrics = score_rollout(batch, self.tokenizer, self.reward, self.reward_model,
                                             self.reward_model_weight)
             batch = batch.union(scores)
+        metrics.update(produced)
         if self.needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
             with timed(timing, "gen_max"):
-                greedy = generate(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0))
+                greedy = self._produce(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0), generate)[0]
                 baseline = score_rollout(greedy, self.tokenizer, self.reward, self.reward_model,
                                          self.reward_model_weight)[0]["scores"]
             batch["baseline_rewards"] = baseline.repeat_interleave(self.sampling.n)

@@ -7,7 +7,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.rewards.manager import Reward
-from rlhf.rewards.model_reward import mix_model_scores
+from rlhf.rewards.model_reward import mix_model_scores, place_on_last_token
 
 
 def decode_responses(batch: Batch, tokenizer: PreTrainedTokenizerBase) -> list[str]:
@@ -23,17 +23,18 @@ def score_rollout(
     reward_model=None,  # WorkerGroup of RewardModelWorker; None: rule scores only
     reward_model_weight: float = 1.0,  # score = rule + reward_model_weight * rm_score
 ) -> tuple[Batch, dict]:
-    """`token_level_scores` (B,R): each response's score on its last valid token, 0 elsewhere."""
-    texts = decode_responses(batch, tokenizer)
+    """`token_level_scores` (B,R): each response's score on its last valid (trained) token, 0 elsewhere.
+
+    The text scored is the decoded response, or the rollout's own `response_text` where it brings
+    one (a multi-turn rollout: its final assistant message, not the turns and tool results before it).
+    """
+    texts = list(batch["response_text"]) if "response_text" in batch else decode_responses(batch, tokenizer)
     lengths = batch["response_mask"].sum(dim=1).tolist()  # for overlong shaping (DAPO), with the generation limit
     out = reward(texts, batch["data_source"], batch["ground_truth"], batch["extra_info"], response_lengths=lengths,
                  max_new_tokens=batch.require_meta("max_new_tokens", "score_rollout"))
     scores = torch.tensor(out.scores, dtype=torch.float32)
     mask = batch["response_mask"]
-    token_level = torch.zeros(mask.shape, dtype=torch.float32)
-    lengths = mask.sum(dim=1)
-    rows = torch.nonzero(lengths > 0).squeeze(1)
-    token_level[rows, lengths[rows] - 1] = scores[rows]
+    token_level = place_on_last_token(scores, mask)
     result = Batch({"token_level_scores": token_level, "scores": scores}, {"response_text": texts})
     for name, column in out.extras.items():
         result[f"reward_extra/{name}"] = column

@@ -18,7 +18,8 @@ from rlhf.batch import Batch
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.memory import (
-    MemoryEstimate, Placement, Term, Workload, dtype_bytes, estimate, forward_terms, micro_batch, model_shape,
+    MemoryEstimate, Placement, Term, Workload, between_updates, dtype_bytes, estimate, forward_terms, micro_batch,
+    model_shape,
     optimizer_step_terms, trained_model_terms, training_activation_terms,
 )
 from rlhf.workers.precision import DType, check_trainable_precision
@@ -82,7 +83,7 @@ class CriticWorker:
         rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
                                   training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
         hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
-        phases = [("values (no grad)", device + forward_terms(shape, rows, width, compute, placement) + [hidden])]
+        phases = [("values (no grad)", between_updates(device) + forward_terms(shape, rows, width, compute, placement) + [hidden])]
         mini = max(1, workload.rows // max(1, workload.mini_batches))
         rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size, training.max_tokens_per_micro_batch)
         backward = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing, placement)

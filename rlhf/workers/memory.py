@@ -11,9 +11,9 @@ head_dim; sizes in the dtype each tensor has):
 
 - state that lives through the step: trained weights in float32 (FSDP: a 1/world shard each; CPU
   offload moves them, their gradients and the optimizer state to host RAM), their gradients
-  (float32, kept between steps: the next mini-batch frees them; a DDP-wrapped model keeps a
-  second copy in its buckets), AdamW's two moments (float32, created at the first step), frozen
-  models (reference, reward model) in their storage dtype;
+  (float32, during an update only: `ModelTrainer.update` frees them when it returns; a DDP-wrapped
+  model keeps a second copy in its buckets for good), AdamW's two moments (float32, created at the
+  first step), frozen models (reference, reward model) in their storage dtype;
 - saved activations of a training micro-batch, per layer and token: 6H + 4I + 4q + heads + T + 2
   elements (transformers' Llama/Qwen2 layer under SDPA, counted tensor by tensor from the autograd
   graph: the two RMSNorms keep input, normalised and output; the MLP keeps gate, its activation,
@@ -23,7 +23,8 @@ head_dim; sizes in the dtype each tensor has):
 - the LM head: the (B, R+1, V) logits of the response positions in the compute dtype, their
   gradient and the full-width gradient autograd builds for the slice, and the float32 blocks of the
   log-prob/entropy kernel (`rlhf.algos.logprobs`: up to 3 blocks of `block_rows` x V). With the fused
-  head (`rlhf.models.lm_head`) none of the (B, R, V) tensors exist: blocks only;
+  head (`rlhf.models.lm_head`, the default) a GPU recomputes the logits in backward (blocks only) and
+  a CPU keeps them once in float32, turned into their gradient in place; no-grad forwards keep none;
 - no-grad forwards (old/reference log-probs, values, rewards): one layer's transient tensors
   (4.5H + max(3I, 3q + 4kv) + T/4 elements per token) plus the logits as above, without gradients;
 - generation with the transformers engine: the KV cache of the rows decoded at once, for
@@ -50,7 +51,7 @@ from rlhf.models.loading import resolve_model_path
 
 __all__ = [
     "GiB", "MemoryEstimate", "ModelShape", "Phase", "Placement", "Term", "Workload", "dtype_bytes", "model_shape",
-    "forward_terms", "frozen_model_terms", "generation_terms", "logit_terms", "trained_model_terms",
+    "between_updates", "forward_terms", "frozen_model_terms", "generation_terms", "logit_terms", "trained_model_terms",
     "training_activation_terms",
 ]
 
@@ -258,6 +259,12 @@ def trained_model_terms(
     return terms, []
 
 
+def between_updates(terms: list[Term]) -> list[Term]:
+    """`terms` without the trained models' gradients, which `ModelTrainer.update` frees when it returns
+    (a DDP wrapper's gradient buckets stay)."""
+    return [t for t in terms if not t.name.endswith("gradients (fp32)")]
+
+
 def frozen_model_terms(shape: ModelShape, head: str, dtype: str, placement: Placement, label: str) -> list[Term]:
     """A frozen model (reference, reward model) in its storage dtype, sharded by FSDP."""
     return [Term(f"{label} weights ({dtype})", dtype_bytes(dtype) * shape.parameters(head) / placement.shard)]
@@ -303,13 +310,17 @@ def logit_terms(
     block_elements: int | None = None, temperature_copy: bool = True,
 ) -> list[Term]:
     """The LM head's share: logits of `positions` response positions per row (the last position
-    too, as `logits_to_keep` keeps it), their gradients when training, and the float32 blocks."""
+    too, as `logits_to_keep` keeps it), their gradients when training, and the float32 blocks.
+    Fused (`rlhf.algos.linear_log_probs_and_entropy`): blocks only, and in training on a CPU the
+    float32 logits it keeps for backward (`PolicyWorker.keep_logits`)."""
     budget = block_elements or (GPU_BLOCK_ELEMENTS if device == "cuda" else CPU_BLOCK_ELEMENTS)
     tokens = rows * positions
     block = max(1, min(budget // max(shape.vocab, 1), math.ceil(tokens / 4))) * shape.vocab * 4
     blocks = (3 if train else (1 + temperature_copy)) * block
     terms = [Term("log-prob blocks (fp32)", blocks)]
     if fused:
+        if train and device != "cuda":
+            terms.insert(0, Term(f"kept logits ({rows}x{positions}x{shape.vocab}, fp32)", tokens * shape.vocab * 4))
         return terms
     logits = rows * (positions + 1) * shape.vocab * dtype_bytes(compute)
     terms.insert(0, Term(f"logits ({rows}x{positions + 1}x{shape.vocab})", logits))

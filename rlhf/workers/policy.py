@@ -37,7 +37,7 @@ from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
 from rlhf.workers.memory import (
-    MemoryEstimate, Placement, Term, Workload, estimate, forward_terms, frozen_model_terms,
+    MemoryEstimate, Placement, Term, Workload, between_updates, estimate, forward_terms, frozen_model_terms,
     generation_terms, logit_terms, micro_batch, model_shape, optimizer_step_terms, shared_prefix_forward_terms,
     shared_prefix_training_terms, trained_model_terms, training_activation_terms,
 )
@@ -55,6 +55,7 @@ def response_log_probs(
     prefix_model: torch.nn.Module | None = None,
     block_elements: int | None = None,
     fused_lm_head: bool = False,
+    keep_logits: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None, in float32.
 
@@ -65,8 +66,10 @@ def response_log_probs(
     (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper when the n samples
     of a group share a long prompt); `prefix_model` is the unwrapped module under DDP;
     `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device);
-    `fused_lm_head`: apply the LM head block by block too (`linear_log_probs_and_entropy`), so
-    the (B,T,V) logits and their gradient never exist; needs a plain Linear head (`fusable_lm_head`).
+    `fused_lm_head`: apply the LM head inside the log-prob function (`linear_log_probs_and_entropy`):
+    the (B,T,V) logits and their gradient never exist side by side; needs a plain Linear head
+    (`fusable_lm_head`). `keep_logits` (with `fused_lm_head`): keep the logits for backward, which
+    turns them into their gradient in place, instead of recomputing them block by block.
     """
     unwrapped = prefix_model or model
     with lm_head_bypassed(unwrapped) if fused_lm_head else contextlib.nullcontext() as head:
@@ -74,7 +77,8 @@ def response_log_probs(
     responses = batch["responses"]
     if head is not None:
         return linear_log_probs_and_entropy(outputs, head.weight, responses, temperature=temperature,
-                                            with_entropy=with_entropy, max_block_elements=block_elements)
+                                            with_entropy=with_entropy, max_block_elements=block_elements,
+                                            keep_logits=keep_logits)
     return log_probs_and_entropy(outputs, responses, temperature=temperature, with_entropy=with_entropy,
                                  max_block_elements=block_elements)
 
@@ -173,7 +177,9 @@ class PolicyWorker(PublishesWeights):
         training: TrainingSetup = TrainingSetup(),  # placement, compute dtype, batching, clipping, seed (shared)
         dtype: DType = "float32",  # storage of the policy's weights: float32 when trained (master weights)
         logits_block_elements: PositiveInt | None = None,  # float32 elements per log-prob block; None: 2**24 CPU, 2**28 GPU
-        fused_lm_head: bool | None = None,  # LM head applied per block (no (B,T,V) logits); None: on GPUs
+        # LM head applied inside the log-prob function, which recomputes the logits in backward on GPUs (memory
+        # first) and keeps them once on CPUs (compute first); None: on wherever the head is a plain Linear
+        fused_lm_head: bool | None = None,
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
     ):
@@ -222,8 +228,10 @@ class PolicyWorker(PublishesWeights):
         if fused_lm_head and not head_fusable:
             raise ValueError("PolicyWorker(fused_lm_head=True) needs a plain bias-free Linear LM head without hooks; "
                              f"{type(self.trainer.unwrapped()).__name__} has another. Set fused_lm_head=None or False.")
-        self.fused_lm_head = head_fusable and (self.trainer.device.type == "cuda" if fused_lm_head is None
-                                               else fused_lm_head)
+        self.fused_lm_head = head_fusable and (fused_lm_head is None or fused_lm_head)
+        # a CPU has memory to spare and compute to save: keep the logits, turned into their gradient in
+        # place (one (B,T,V) tensor, where the model's own head allocates two); a GPU recomputes them
+        self.keep_logits = self.trainer.device.type != "cuda"
         self._log_placement()
 
     @staticmethod
@@ -288,7 +296,7 @@ class PolicyWorker(PublishesWeights):
         if shared_prefix is None:
             shared_prefix = not fsdp and not training.gradient_checkpointing
         fused = arguments.get("fused_lm_head")
-        fused = on_gpu if fused is None else fused
+        fused = True if fused is None else fused  # where the head allows it (a config alone cannot tell)
         blocks = arguments.get("logits_block_elements")
         p, r, n = workload.prompt_tokens, workload.response_tokens, workload.n
         phases = []
@@ -302,7 +310,7 @@ class PolicyWorker(PublishesWeights):
                                        lean=lean)
             else:
                 gen = vllm_share if on_gpu else []
-            phases.append(("generation", device + gen))
+            phases.append(("generation", between_updates(device) + gen))
         rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
                                   training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
         prompts = max(1, rows // n)
@@ -310,7 +318,7 @@ class PolicyWorker(PublishesWeights):
             fwd = shared_prefix_forward_terms(shape, rows, prompts, p, r, compute)
         else:
             fwd = forward_terms(shape, rows, width, compute, placement)
-        phases.append(("log-probs (no grad)", device + fwd + logit_terms(shape, rows, r, compute, fused, False,
+        phases.append(("log-probs (no grad)", between_updates(device) + fwd + logit_terms(shape, rows, r, compute, fused, False,
                                                                          placement.device, blocks)))
         if trained:
             mini = max(1, workload.rows // max(1, workload.mini_batches))
@@ -340,20 +348,28 @@ class PolicyWorker(PublishesWeights):
 
     # ------------------------------------------------------------- rollout
     @shard
-    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+    def generate(self, prompts: Batch, sampling: SamplingParams, keep_awake: bool = False) -> Batch:
         """Responses for this rank's prompts (n per prompt), with the engine's log-probs.
 
         The engine first gets the actor's current weights if they changed; a worker that trains
         puts it to sleep afterwards (its KV cache and weights leave the device for the update).
+        `keep_awake`: leave it awake for another call on the same weights (the next turn of a
+        multi-turn rollout); the caller ends with `sleep_engine`.
         """
         self._wake_engine()
         shares = getattr(self.engine, "shares_weights", False)  # only a shared module runs under our autocast
         with self.trainer.autocast() if shares else contextlib.nullcontext():
             out = self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
+        if not keep_awake:
+            self.sleep_engine()
+        return out
+
+    @on_all_ranks
+    def sleep_engine(self) -> None:
+        """Free the engine's memory for training (a worker that trains; an inference-only one keeps it)."""
         if self.objective is not None:
             self.engine.sleep()
             self._engine_stale = True  # after sleep the engine's weights are undefined (vLLM level 2)
-        return out
 
     def _wake_engine(self) -> None:
         """Weights first, then the KV cache: never old weights, new weights and a KV cache at once."""
@@ -464,13 +480,14 @@ class PolicyWorker(PublishesWeights):
         temperature = batch.require_meta("temperature", "PolicyWorker.update")
         entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
         unwrapped = self.trainer.unwrapped()
+        fused = self.fused_lm_head and fusable_lm_head(unwrapped) is not None  # a hook added since construction
         gap = RolloutGap(batch)
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
                                                     shared_prefix=self.shared_prefix, prefix_model=unwrapped,
                                                     block_elements=self.logits_block_elements,
-                                                    fused_lm_head=self.fused_lm_head)
+                                                    fused_lm_head=fused, keep_logits=self.keep_logits)
             entropy_metric = entropy.detach()
             loss, metrics = self.objective(log_probs, entropy if entropy_grad else entropy_metric, micro,
                                            num_tokens=num_tokens, num_seqs=num_seqs)

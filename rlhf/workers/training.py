@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import inspect
 import math
 from collections import defaultdict
 from collections.abc import Callable
@@ -125,9 +127,9 @@ class ModelTrainer:
             return
         trainable = [p for p in self.model.parameters() if p.requires_grad]  # frozen weights get no optimizer state
         if isinstance(self.strategy, FSDP):  # sharded already; Accelerate only wraps the optimizer
-            self.optimizer = self.accelerator.prepare_optimizer(optimizer(trainable))
+            self.optimizer = self.accelerator.prepare_optimizer(build_optimizer(optimizer, trainable))
         else:
-            self.model, self.optimizer = self.accelerator.prepare(self.model, optimizer(trainable))
+            self.model, self.optimizer = self.accelerator.prepare(self.model, build_optimizer(optimizer, trainable))
         self.scheduler = lr_scheduler(self.optimizer) if lr_scheduler is not None else None
         if self.scheduler is not None:  # registered only to restore Accelerate-format checkpoints (state_io); not prepared
             self.accelerator.register_for_checkpointing(self.scheduler)
@@ -179,7 +181,7 @@ class ModelTrainer:
 
         Token and sequence counts come from the host copy of the batch and metrics are summed
         on the device, so the loop's only host syncs are the gradient-norm check per optimizer
-        step and one transfer of all metrics at the end.
+        step and one transfer of all metrics at the end. No gradient outlives the call.
         """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
@@ -216,6 +218,9 @@ class ModelTrainer:
                     self.optimizer.zero_grad(set_to_none=True)
                 if self.scheduler is not None:
                     self.scheduler.step()
+        # the gradients would otherwise stay allocated (a full copy of the trained weights) through
+        # the next rollout and log-prob passes, until the next update zeroes them anyway
+        self.optimizer.zero_grad(set_to_none=True)
         self.skipped_steps += skipped
         out = dict(zip(sums, _to_floats(list(sums.values()))))
         out = {k: v / max(weights[k], 1.0) for k, v in out.items()}
@@ -286,6 +291,36 @@ class ModelTrainer:
     def parameters_finite(self) -> bool:
         """Whether this rank's parameters (its shards under FSDP) are all finite."""
         return all(torch.isfinite(local_tensor(p)).all() for p in self.unwrapped().parameters())
+
+
+def build_optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
+    """`factory(params)`, on torch's fused Adam/AdamW kernel where the factory leaves the choice open.
+
+    torch's Adam and AdamW take `fused` and `foreach`; left at None they loop over the parameters
+    tensor by tensor on a CPU (foreach is their default on CUDA only). The fused kernel does the
+    same update in one pass per tensor: several times faster on a CPU (AdamW over SmolLM2-135M:
+    0.06 s against 0.44 s on one thread) and on a GPU, with weights equal up to float rounding
+    (tests/workers/test_optimizer_build.py); FSDP2's sharded parameters support it too. A factory
+    that sets `fused` or `foreach` keeps its choice, and so do other optimizers (DTensor has no
+    sharding rule for fused SGD or Adagrad) and parameters on a device without fused kernels.
+    """
+    cls = factory
+    while isinstance(cls, functools.partial):
+        cls = cls.func
+    if not (isinstance(cls, type) and issubclass(cls, (torch.optim.Adam, torch.optim.AdamW))):
+        return factory(params)
+    arguments = inspect.signature(factory).parameters
+    open_choice = arguments["fused"].default is None and arguments["foreach"].default is None
+    supported = params and all(p.device.type in _FUSED_DEVICES and p.is_floating_point() for p in params)
+    return factory(params, fused=True) if open_choice and supported else factory(params)
+
+
+try:  # the devices torch's optimizers have fused kernels for
+    from torch.utils._foreach_utils import _get_fused_kernels_supported_devices
+
+    _FUSED_DEVICES = frozenset(_get_fused_kernels_supported_devices())
+except ImportError:
+    _FUSED_DEVICES = frozenset({"cpu", "cuda"})
 
 
 def place_model(

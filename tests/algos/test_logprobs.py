@@ -155,17 +155,17 @@ def test_bf16_logits_are_never_copied_whole_to_float32():
     assert LargestFloat32.largest <= logits.numel() // 4
 
 
-@settings(max_examples=20)
+@settings(max_examples=30)
 @given(st.integers(1, 30), st.integers(2, 6), st.integers(2, 11), st.sampled_from([0.5, 1.0]), st.booleans(),
-       st.integers(0, 2**31 - 1))
-def test_fused_linear_path_equals_logits_then_log_probs(N, H, V, tau, with_entropy, seed):
+       st.booleans(), st.integers(0, 2**31 - 1))
+def test_fused_linear_path_equals_logits_then_log_probs(N, H, V, tau, with_entropy, keep_logits, seed):
     g = torch.Generator().manual_seed(seed)
     hidden = torch.randn(N, 1, H, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(V, H, generator=g, dtype=torch.float64, requires_grad=True)
     labels = torch.randint(0, V, (N, 1), generator=g)
     u = torch.randn(N, 1, generator=g, dtype=torch.float64)
     lp, h = linear_log_probs_and_entropy(hidden, weight, labels, temperature=tau, with_entropy=with_entropy,
-                                         max_block_elements=3 * V)
+                                         max_block_elements=3 * V, keep_logits=keep_logits)
     loss = (lp * u).sum() + (h * u * 0.3).sum() if with_entropy else (lp * u).sum()
     grads = torch.autograd.grad(loss, (hidden, weight))
     lp_ref, h_ref = log_probs_and_entropy(hidden @ weight.T, labels, temperature=tau, with_entropy=with_entropy)
@@ -175,6 +175,50 @@ def test_fused_linear_path_equals_logits_then_log_probs(N, H, V, tau, with_entro
     torch.testing.assert_close(lp, lp_ref.float(), atol=1e-5, rtol=1e-5)
     for got, want in zip(grads, grads_ref):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("tau", [1.0, 0.7])
+def test_kept_logits_give_the_recomputed_path_s_numbers(tau):
+    """float32, as on a CPU: keeping the logits changes where they come from, not the arithmetic (the
+    products run once over all rows instead of per block, which a BLAS may round differently)."""
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(3, 7, 16, generator=g, requires_grad=True)
+    weight = torch.randn(50, 16, generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 7), generator=g)
+    u = torch.randn(3, 7, generator=g)
+    out = {}
+    for keep in (False, True):
+        lp, h = linear_log_probs_and_entropy(hidden, weight, labels, temperature=tau, with_entropy=True,
+                                             max_block_elements=4 * 50, keep_logits=keep)
+        out[keep] = (lp, h, *torch.autograd.grad((lp * u).sum() + (h * u).sum(), (hidden, weight)))
+    for got, want in zip(out[True], out[False]):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_kept_logits_are_the_only_logits_sized_tensor():
+    """Keeping: one (N, V) float32 tensor (the logits, then their gradient) and block temporaries."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class LogitsSized(TorchDispatchMode):
+        storages: set[int] = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor) and t.numel() >= 64 * 4096:
+                    LogitsSized.storages.add(t.untyped_storage().data_ptr())
+            return out
+
+    hidden = torch.randn(64, 32, requires_grad=True)
+    weight = torch.randn(4096, 32, requires_grad=True)
+    labels = torch.randint(0, 4096, (64,))
+    for keep, expected in ((True, 1), (False, 0)):  # recomputing keeps none
+        LogitsSized.storages = set()
+        with LogitsSized():
+            lp, h = linear_log_probs_and_entropy(hidden, weight, labels, with_entropy=True, keep_logits=keep,
+                                                 max_block_elements=16 * 4096)
+            (lp.sum() + h.sum()).backward()
+        assert len(LogitsSized.storages) == expected
 
 
 def test_sum_pi_squared_in_blocks_at_a_temperature():

@@ -73,3 +73,14 @@ def test_rlhf_plan_memory_answers_what_fits(capsys):
     assert "7.62B parameters" in out and "yes" in out and "settings fit" in out
     assert main(["plan", "--memory", config, "--gpus", "1", "--gpu-memory", "16"]) == 1
     assert "nothing fits on 1 x 16 GB" in capsys.readouterr().out
+
+
+def test_a_multi_turn_rollout_is_planned_at_its_token_budget():
+    """An agent rollout's response holds every turn and observation: up to AgentRollout.max_response_tokens,
+    longer than one turn's sampling.max_new_tokens."""
+    spec = importlib.util.spec_from_file_location("memory_tool_calculator", ROOT / "experiments" / "tool_calculator.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    stage = module.base().stages["grpo"]
+    workload, _ = planner._workload(stage, "grpo")
+    assert stage.sampling.max_new_tokens == 24 and workload.response_tokens == stage.rollout.max_response_tokens == 64

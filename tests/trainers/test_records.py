@@ -106,3 +106,40 @@ def test_groups_per_step_are_capped_whole_and_reproducibly(tmp_path):
     assert len({r["uid"] for r in a}) == 16
     assert RolloutRecorder(max_groups_per_step=None).write(tmp_path / "c", 5, batch, ["x"] * 80, ["p"] * 80) == 80
 
+
+def test_multi_turn_rows_are_shown_as_trained_and_context_spans(tmp_path):
+    """A multi-turn response is recorded as runs of sampled (trained) and shown (context) tokens."""
+    from helpers import tiny_model_path
+    from rlhf.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_path())
+    sampled = tok("add(1, 2)<|im_end|>")["input_ids"]
+    shown = tok("\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n")["input_ids"]
+    answer = tok("3<|im_end|>")["input_ids"]
+    response = sampled + shown + answer
+    mask = [1] * len(sampled) + [0] * len(shown) + [1] * len(answer)
+    width = len(response) + 2
+    responses = torch.full((2, width), tok.pad_token_id)
+    responses[0, : len(response)] = torch.tensor(response)
+    responses[1, :2] = torch.tensor(answer)
+    response_mask = torch.zeros(2, width, dtype=torch.long)
+    response_mask[0, : len(mask)] = torch.tensor(mask)
+    response_mask[1, :2] = 1
+    attention = torch.cat([torch.ones(2, 3, dtype=torch.long), (responses != tok.pad_token_id).long()], dim=1)
+    batch = Batch(
+        {"responses": responses, "response_mask": response_mask, "attention_mask": attention,
+         "token_level_scores": torch.zeros(2, width), "advantages": torch.zeros(2, width)},
+        {"uid": ["a", "a"], "ground_truth": ["3", "3"], "data_source": ["calc"] * 2,
+         "extra_info": [{"agent": {"num_turns": 2, "finish_reason": "done"}}, {}]},
+    )
+    RolloutRecorder().write(tmp_path, 1, batch, ["3", "3"], ["p", "p"], tok)
+    rows = read_records(tmp_path)
+    assert rows[0]["segments"] == [
+        {"text": "add(1, 2)<|im_end|>", "trained": True},
+        {"text": "\n<|im_start|>tool\n3<|im_end|>\n<|im_start|>assistant\n", "trained": False},
+        {"text": "3<|im_end|>", "trained": True}]
+    assert "segments" not in rows[1]  # a single-turn response has nothing to tell apart
+    text = format_records(rows)
+    assert "2 turns, done:" in text
+    assert "      trained | 'add(1, 2)<|im_end|>'" in text
+    assert "      context | '\\n<|im_start|>tool\\n3<|im_end|>\\n<|im_start|>assistant\\n'" in text

@@ -61,10 +61,12 @@ def test_the_dr_grpo_normaliser_is_partition_free():
         torch.testing.assert_close(pa[k], pb[k], rtol=1e-5, atol=1e-6)
 
 
-def test_fused_lm_head_gives_the_same_log_probs_and_update():
-    """The LM head applied block by block (no (B,T,V) logits, the GPU default) changes memory, not results."""
-    plain, fused = grpo_worker(optimizer=SGD, fused_lm_head=False), grpo_worker(optimizer=SGD, fused_lm_head=True)
-    assert fused.fused_lm_head and not plain.fused_lm_head
+@pytest.mark.parametrize("keep_logits", [True, False])  # the CPU default, and the GPU one
+def test_fused_lm_head_gives_the_same_log_probs_and_update(keep_logits):
+    """The LM head applied inside the log-prob function (the default) changes memory, not results."""
+    plain, fused = grpo_worker(optimizer=SGD, fused_lm_head=False), grpo_worker(optimizer=SGD)
+    assert fused.fused_lm_head and not plain.fused_lm_head and fused.keep_logits  # on a CPU
+    fused.keep_logits = keep_logits
     batch = scored_rollout(plain)
     mask = batch["response_mask"].bool()
     for method, key in (("compute_log_probs", "old_log_probs"), ("compute_ref_log_probs", "ref_log_probs")):

@@ -158,6 +158,9 @@ def _workload(stage: Any, name: str) -> tuple[Workload | None, str]:
             a = args(node)
             sampling, data = a.get("sampling"), a.get("train_data")
             n, new, prompts = get(sampling, "n"), get(sampling, "max_new_tokens"), a.get("prompts_per_step")
+            budget = get(a.get("rollout"), "max_response_tokens")  # a multi-turn rollout's (rlhf.agents) responses
+            if isinstance(budget, int) and isinstance(new, int):  # hold every turn and observation: that long
+                new = max(new, budget)
             width = get(data, "max_prompt_length") if isinstance(data, fdl.Buildable) else None
             numbers = (n, new, prompts, width)
             if not all(isinstance(x, int) and x > 0 for x in numbers):

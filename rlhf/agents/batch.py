@@ -1,0 +1,102 @@
+"""Trajectories -> the `Batch` a single-turn rollout gives, so advantages, losses and aggregation need nothing new.
+
+Columns (rlhf.rollout.engine.rollout_batch has the single-turn ones): `prompts` (B,P) left-padded
+prompt ids; `responses` (B,T) every token after the prompt, sampled and observed, right-padded;
+`response_mask` (B,T) the LOSS MASK: 1 exactly on the tokens the policy sampled, 0 on observation
+and template tokens and padding; `rollout_log_probs` (B,T) the engine's log-prob of each sampled
+token, 0 elsewhere (aligned with the mask); `input_ids`, `attention_mask` (1 on every real token,
+observations included: the policy is conditioned on them), `position_ids`. Non-tensor: the rows'
+columns, `response_text` (the final assistant message: what an answer scorer reads) and
+`extra_info["agent"]` (the environment's reward, turns, tool counters, how it ended).
+
+Everything downstream already reads `response_mask` as "the tokens trained on" (aggregation
+counts only them; advantages and KL are zero elsewhere; multi-turn SFT batches have the same
+holes), and old and reference log-probs are recomputed over the whole sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from rlhf.agents.trajectory import Trajectory
+from rlhf.batch import Batch
+from rlhf.rollout.engine import position_ids_from_mask
+
+
+def _left(rows: Sequence[Sequence], pad, dtype) -> torch.Tensor:
+    width = max(max((len(r) for r in rows), default=0), 1)
+    out = torch.full((len(rows), width), pad, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, width - len(r):] = torch.tensor(list(r), dtype=dtype)
+    return out
+
+
+def _right(rows: Sequence[Sequence], pad, dtype) -> torch.Tensor:
+    width = max(max((len(r) for r in rows), default=0), 1)
+    out = torch.full((len(rows), width), pad, dtype=dtype)
+    for i, r in enumerate(rows):
+        if r:
+            out[i, : len(r)] = torch.tensor(list(r), dtype=dtype)
+    return out
+
+
+def agent_info(t: Trajectory) -> dict:
+    """What a trajectory tells the reward manager and the records (`extra_info["agent"]`)."""
+    return {
+        "reward": t.reward,
+        "num_turns": len(t.turns),
+        "finish_reason": t.finish_reason,
+        **{k: v for k, v in sorted(t.info.items())},
+    }
+
+
+def trajectory_batch(
+    trajectories: Sequence[Trajectory],
+    rows: Batch,  # one row per trajectory, in order: its non-tensor columns are kept
+    pad_token_id: int,
+    temperature: float,  # the temperature the log-probs were computed at (SamplingParams.logit_temperature)
+    max_new_tokens: int,  # the response budget (read by overlong shaping and seq_mean_token_sum_norm)
+) -> Batch:
+    """The rollout Batch of `trajectories` (see the module docstring for its columns)."""
+    if len(trajectories) != len(rows):
+        raise ValueError(f"trajectory_batch: {len(trajectories)} trajectories for {len(rows)} rows")
+    prompts = _left([t.prompt_ids for t in trajectories], pad_token_id, torch.long)
+    prompt_mask = _left([[1] * len(t.prompt_ids) for t in trajectories], 0, torch.long)
+    responses = _right([t.response_ids for t in trajectories], pad_token_id, torch.long)
+    real = _right([[1] * len(t.response_ids) for t in trajectories], 0, torch.long)
+    loss_mask = _right([t.loss_mask for t in trajectories], 0, torch.long)
+    log_probs = _right([t.log_probs for t in trajectories], 0.0, torch.float32)
+    attention_mask = torch.cat([prompt_mask, real], dim=1)
+    out = Batch({}, dict(rows.non_tensors), dict(rows.meta))
+    out["prompts"] = prompts
+    out["responses"] = responses
+    out["response_mask"] = loss_mask
+    out["rollout_log_probs"] = log_probs * loss_mask
+    out["input_ids"] = torch.cat([prompts, responses], dim=1)
+    out["attention_mask"] = attention_mask
+    out["position_ids"] = position_ids_from_mask(attention_mask)
+    extra = rows["extra_info"] if "extra_info" in rows else [{}] * len(rows)
+    out["extra_info"] = [{**(e or {}), "agent": agent_info(t)} for e, t in zip(extra, trajectories)]
+    out["response_text"] = [t.final_text for t in trajectories]
+    out.meta["temperature"] = temperature
+    out.meta["max_new_tokens"] = max_new_tokens
+    return out
+
+
+def response_spans(tokenizer, response_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tuple[str, int]]:
+    """A response as runs of (text, mask value): what the policy sampled (1) and what it was shown (0).
+
+    Each run is decoded on its own with special tokens kept, so `rlhf rollouts show` can tell the
+    trained spans from the observations and see every template token.
+    """
+    out: list[tuple[str, int]] = []
+    start = 0
+    for i in range(1, len(response_ids) + 1):
+        if i == len(response_ids) or int(loss_mask[i]) != int(loss_mask[start]):
+            out.append((tokenizer.decode(list(response_ids[start:i]), skip_special_tokens=False),
+                        int(loss_mask[start])))
+            start = i
+    return out

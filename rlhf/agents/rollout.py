@@ -1,0 +1,362 @@
+"""The agent loop: the rollout producer of multi-turn RL, and its metrics.
+
+`AgentRollout(environment=..., tokenizer=..., parser=...)` is what `RLTrainer(rollout=...)` and
+`Evaluator(rollout=...)` call in place of a single `generate`: for each of the step's rows
+(n per prompt) it starts one environment instance and one trajectory, then runs turns until every
+conversation has ended:
+
+    generate one assistant turn for every live conversation   (one `policy.generate` on token ids)
+    append the sampled ids verbatim; parse tool calls
+    step every environment concurrently (bounded by `step_timeout_s`)
+    append the observations as the chat template renders them
+
+Engines stay unaware of turns: each turn is one ordinary `generate` call on token ids, sharded
+over the policy's data-parallel ranks like any rollout, so every rank runs the same number of
+calls and the ranks agree when each conversation ends (no rank waits in a collective for another).
+A conversation ends when its environment says so, at `max_turns`, at the token budget
+`max_response_tokens`, when a turn is cut by `sampling.max_new_tokens` before its end-of-turn
+token, or when its environment raises or times out (that rollout's loss mask is zeroed and
+`agent/env_errors` counts it; the other rollouts go on). Tokens past a limit are never appended;
+with `mask_truncated` a conversation a limit cut off is kept out of the loss altogether (its mask
+zeroed, as DAPO's overlong filtering does for single responses).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+from transformers import PreTrainedTokenizerBase
+
+from rlhf.agents.batch import trajectory_batch
+from rlhf.agents.environment import Action, EnvironmentFactory, StepResult
+from rlhf.agents.parsers import HermesParser, ToolCallParser
+from rlhf.agents.trajectory import ChatRenderer, Trajectory
+from rlhf.batch import Batch
+from rlhf.ranges import PositiveInt
+from rlhf.rollout.engine import position_ids_from_mask
+from rlhf.rollout.sampling import SamplingParams
+
+log = logging.getLogger(__name__)
+
+Generate = Callable[[Batch, SamplingParams], Batch]  # an engine's or a policy group's `generate`
+
+FINISH_REASONS = ("done", "max_turns", "max_tokens", "length", "error")
+
+
+class AgentRollout:
+    """Multi-turn rollouts against one environment instance per sample (see the module docstring)."""
+
+    def __init__(
+        self,
+        environment: EnvironmentFactory,  # called once per rollout, e.g. fdl.Partial(ToolEnvironment, tools=[add])
+        tokenizer: PreTrainedTokenizerBase,  # the policy's (its chat template renders the observations)
+        parser: ToolCallParser = HermesParser(),  # the model family's tool-call format
+        max_turns: PositiveInt = 4,  # assistant turns per conversation
+        max_response_tokens: PositiveInt = 256,  # tokens after the prompt, sampled and observed, per conversation
+        max_observation_chars: PositiveInt | None = 2000,  # each observation message's content is cut to this
+        step_timeout_s: float | None = 60.0,  # limit of one reset / step / close of an environment
+        max_concurrent_steps: PositiveInt = 64,  # environment calls running at once
+        eos_token_ids: Sequence[int] | None = None,  # where the engine stops a turn; None: the tokenizer's EOS
+        mask_truncated: bool = False,  # zero the loss mask of conversations a limit cut off (overlong filtering)
+    ):
+        self.environment = environment
+        self.tokenizer = tokenizer
+        self.parser = parser
+        self.max_turns = max_turns
+        self.max_response_tokens = max_response_tokens
+        self.max_observation_chars = max_observation_chars
+        self.step_timeout_s = step_timeout_s
+        self.max_concurrent_steps = max_concurrent_steps
+        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
+        self.mask_truncated = mask_truncated
+
+    # ------------------------------------------------------------ producer
+    def __call__(self, policy, prompts: Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        """The rollout of `prompts` (n conversations each, adjacent) by a policy worker group, and its metrics.
+
+        The engine stays awake between turns and sleeps once the conversations have ended.
+        """
+        try:
+            return self.rollout(lambda batch, turn: policy.generate(batch, turn, keep_awake=True), prompts, sampling)
+        finally:
+            policy.sleep_engine()
+
+    def rollout(self, generate: Generate, prompts: Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
+        """The same with any `generate` (an engine's: tests, the gateway, evaluation)."""
+        if not prompts.non_tensors:
+            raise ValueError("AgentRollout: the prompts carry no row columns for the environments' reset (a "
+                             "PromptDataset batch has uid, data_source, ground_truth, extra_info and raw_prompt)")
+        rows = Batch({}, dict(prompts.non_tensors), dict(prompts.meta)).repeat(sampling.n)
+        fallback_prompts = [ids[m.bool()].tolist() for ids, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+        fallback_prompts = [p for p in fallback_prompts for _ in range(sampling.n)]
+        start = time.perf_counter()
+        trajectories, env_seconds = _run(self._conversations(generate, rows, fallback_prompts, sampling))
+        batch = trajectory_batch(trajectories, rows, self.tokenizer.pad_token_id, sampling.logit_temperature,
+                                 self.max_response_tokens)
+        metrics = agent_metrics(trajectories)
+        metrics["timing_s/env"] = env_seconds
+        metrics["timing_s/agent_loop"] = time.perf_counter() - start
+        return batch, metrics
+
+    # ---------------------------------------------------------------- loop
+    async def _conversations(
+        self, generate: Generate, rows: Batch, fallback_prompts: list[list[int]], sampling: SamplingParams
+    ) -> tuple[list[Trajectory], float]:
+        limit = asyncio.Semaphore(self.max_concurrent_steps)
+        clock = _Clock()
+        records = [{k: rows.non_tensors[k][i] for k in rows.non_tensors} for i in range(len(rows))]
+        envs = [_Isolated(self.environment()) for _ in records]
+        started = await asyncio.gather(*(self._reset(env, row, limit, clock) for env, row in zip(envs, records)))
+        trajectories, renderers = [], []
+        for (messages, schemas, error), prompt in zip(started, fallback_prompts):
+            renderer = ChatRenderer(self.tokenizer, schemas, self.eos_token_ids)
+            if error is None:
+                try:
+                    trajectory = Trajectory.start(renderer, messages, self.max_response_tokens)
+                except Exception as err:  # a template that cannot render the environment's messages
+                    error = f"{type(err).__name__}: {err}"
+            if error is not None:
+                trajectory = Trajectory(prompt, [], self.max_response_tokens)
+                trajectory.info["env_error"] = error
+                trajectory.finish("error")
+            trajectories.append(trajectory)
+            renderers.append(renderer)
+        try:
+            for turn in range(1, self.max_turns + 1):
+                live = [i for i, t in enumerate(trajectories) if not t.finished]
+                if not live:
+                    break
+                self._generate_turn(generate, [trajectories[i] for i in live], [renderers[i] for i in live], sampling)
+                acting = [i for i in live if not trajectories[i].finished]
+                results = await asyncio.gather(*(
+                    self._step(envs[i], self._action(trajectories[i], turn), limit, clock) for i in acting))
+                for i, (result, error) in zip(acting, results):
+                    self._apply(trajectories[i], renderers[i], result, error, last_turn=turn == self.max_turns)
+        finally:
+            await asyncio.gather(*(self._close(env, limit) for env in envs))
+        truncated = ("max_turns", "max_tokens", "length") if self.mask_truncated else ()
+        for t in trajectories:
+            t.finish("max_turns")
+            if t.finish_reason == "error" or t.finish_reason in truncated:
+                t.loss_mask = [0] * len(t.loss_mask)
+        return trajectories, clock.seconds
+
+    def _generate_turn(
+        self, generate: Generate, live: list[Trajectory], renderers: list[ChatRenderer], sampling: SamplingParams
+    ) -> None:
+        """One assistant turn for every live conversation, in one `generate` call on their token ids."""
+        budget = min(sampling.max_new_tokens, max(t.room for t in live))
+        turn = dataclasses.replace(sampling, n=1, max_new_tokens=max(budget, 1))
+        out = generate(_prompt_batch([t.all_ids for t in live], self.tokenizer.pad_token_id), turn)
+        lengths = out["response_mask"].sum(dim=1).tolist()
+        for row, (t, renderer) in enumerate(zip(live, renderers)):
+            n = int(lengths[row])
+            t.add_sampled(renderer, out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist())
+            if not t.turn_stopped:  # cut by max_new_tokens before its end-of-turn token: nothing can follow
+                t.finish("length")
+
+    def _action(self, t: Trajectory, turn: int) -> Action:
+        text = t.messages[-1]["content"]
+        parsed = self.parser.parse(text)
+        if parsed.errors:
+            t.count("tool_errors/parse", len(parsed.errors))
+        return Action(text=text, content=parsed.content, calls=parsed.calls, errors=parsed.errors, turn=turn)
+
+    def _apply(self, t: Trajectory, renderer: ChatRenderer, result: StepResult | None, error: str | None,
+               last_turn: bool) -> None:
+        if error is not None:
+            t.info["env_error"] = error
+            t.finish("error")
+            return
+        if result.reward is not None:
+            t.rewards.append(float(result.reward))
+        for key, value in result.info.items():
+            t.count(key, value)
+        if result.done:
+            t.finish("done")
+            return
+        if last_turn or not result.messages:
+            t.finish("max_turns" if last_turn else "done")
+            return
+        messages = [self._clip(m) for m in result.messages]
+        try:
+            t.add_messages(renderer, messages)
+        except Exception as err:  # the template refused the observation: this rollout cannot go on
+            t.info["env_error"] = f"{type(err).__name__}: {err}"
+            t.finish("error")
+            return
+        if t.room <= 0:
+            t.finish("max_tokens")
+
+    def _clip(self, message: Mapping[str, Any]) -> dict:
+        content = message.get("content")
+        limit = self.max_observation_chars
+        if limit is None or not isinstance(content, str) or len(content) <= limit:
+            return dict(message)
+        return {**message, "content": content[:limit] + f"... (truncated: {len(content) - limit} more characters)"}
+
+    # ------------------------------------------------- environment calls
+    async def _reset(self, env: _Isolated, row: Mapping, limit: asyncio.Semaphore, clock: _Clock):
+        """(messages, tool schemas or None, error or None)."""
+        try:
+            async with limit, clock:
+                messages = await env.call("reset", row, timeout_s=self.step_timeout_s)
+                schemas = await env.call("tool_schemas", timeout_s=self.step_timeout_s) \
+                    if hasattr(env.env, "tool_schemas") else None
+            return messages, schemas or None, None
+        except Exception as err:
+            log.warning("environment reset failed for row %s: %s: %s", row.get("uid"), type(err).__name__, err)
+            return None, None, f"reset: {type(err).__name__}: {err}"
+
+    async def _step(self, env: _Isolated, action: Action, limit: asyncio.Semaphore, clock: _Clock):
+        """(StepResult, None) or (None, what went wrong)."""
+        try:
+            async with limit, clock:
+                result = await env.call("step", action, timeout_s=self.step_timeout_s)
+        except Exception as err:
+            log.warning("environment step failed at turn %d: %s: %s", action.turn, type(err).__name__, err)
+            return None, f"step {action.turn}: {type(err).__name__}: {err}"
+        if not isinstance(result, StepResult):
+            return None, (f"step {action.turn}: {type(env.env).__name__}.step returned {type(result).__name__}, "
+                          "not StepResult")
+        return result, None
+
+    async def _close(self, env: _Isolated, limit: asyncio.Semaphore) -> None:
+        try:
+            if hasattr(env.env, "close") and not env.hung:
+                async with limit:
+                    await env.call("close", timeout_s=self.step_timeout_s)
+        except Exception as err:  # a rollout's cleanup never fails the step
+            log.warning("environment close failed: %s: %s", type(err).__name__, err)
+        finally:
+            env.stop()
+
+
+class _Isolated:
+    """One environment instance on a daemon thread with an event loop of its own.
+
+    Its methods (sync, or coroutines on its own loop) run there, so an environment that blocks,
+    even inside a coroutine (`time.sleep` in `async def step`), holds up only its own rollout: the
+    agent loop waits for it at most its timeout, then abandons the thread (it dies with the process).
+    The instance sees one loop for its whole life, so async resources made in `reset` work in `step`.
+    """
+
+    def __init__(self, env):
+        self.env = env
+        self.hung = False
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self._serve, name=f"rlhf-env-{type(env).__name__}", daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.close()
+
+    async def call(self, method: str, *args: Any, timeout_s: float | None) -> Any:
+        async def run():
+            value = getattr(self.env, method)(*args)
+            return await value if inspect.isawaitable(value) else value
+
+        future = asyncio.run_coroutine_threadsafe(run(), self.loop)
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout_s)
+        except TimeoutError:
+            self.hung = True
+            raise TimeoutError(f"no answer within {timeout_s:g} s") from None
+
+    def stop(self) -> None:
+        """End the thread: what still runs on its loop (an abandoned coroutine) is cancelled first."""
+
+        def shutdown() -> None:
+            for task in asyncio.all_tasks(self.loop):
+                task.cancel()
+            self.loop.call_soon(self.loop.stop)  # after the cancellations have run
+
+        try:
+            self.loop.call_soon_threadsafe(shutdown)
+        except RuntimeError:  # closed meanwhile
+            pass
+
+
+class _Clock:
+    """Wall seconds during which at least one environment call ran (`timing_s/env`)."""
+
+    def __init__(self):
+        self.seconds, self._running, self._since = 0.0, 0, 0.0
+
+    async def __aenter__(self):
+        if self._running == 0:
+            self._since = time.perf_counter()
+        self._running += 1
+
+    async def __aexit__(self, *exc):
+        self._running -= 1
+        if self._running == 0:
+            self.seconds += time.perf_counter() - self._since
+
+
+def _prompt_batch(ids: Sequence[Sequence[int]], pad_token_id: int) -> Batch:
+    width = max(len(r) for r in ids)
+    input_ids, mask = [], []
+    for r in ids:
+        input_ids.append([pad_token_id] * (width - len(r)) + list(r))
+        mask.append([0] * (width - len(r)) + [1] * len(r))
+    input_ids, mask = torch.tensor(input_ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+    return Batch({"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask)})
+
+
+def _run(coroutine):
+    """Run the loop's coroutine to the end in a fresh event loop (the trainer is synchronous)."""
+    loop = asyncio.new_event_loop()
+    try:
+        return loop.run_until_complete(coroutine)
+    finally:
+        loop.close()
+
+
+def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`num_turns/*`, `tool_calls/*`, `tool_errors/*`, `response_length/turn_<k>/mean`, `agent/*` of one rollout."""
+    n = max(len(trajectories), 1)
+    turns = [len(t.turns) for t in trajectories]
+    calls = [t.info.get("tool_calls", 0) + t.info.get("tool_errors/parse", 0) for t in trajectories]
+    errors: dict[str, float] = defaultdict(float)
+    for t in trajectories:
+        for key, value in t.info.items():
+            if key.startswith("tool_errors/"):
+                errors[key] += value
+    total_errors = sum(errors.values())
+    metrics = {
+        "num_turns/mean": sum(turns) / n, "num_turns/max": float(max(turns, default=0)),
+        "num_turns/min": float(min(turns, default=0)),
+        "tool_calls/mean": sum(calls) / n, "tool_calls/max": float(max(calls, default=0)),
+        "tool_calls/total": float(sum(calls)),
+        "tool_errors/total": total_errors,
+        "tool_errors/rate": total_errors / sum(calls) if sum(calls) else 0.0,
+        **dict(sorted(errors.items())),
+        "agent/env_errors": float(sum(t.finish_reason == "error" for t in trajectories)),
+        "agent/template_fallbacks": float(sum(t.template_fallbacks for t in trajectories)),
+    }
+    for reason in FINISH_REASONS:
+        metrics[f"agent/finish/{reason}"] = sum(t.finish_reason == reason for t in trajectories) / n
+    per_turn: dict[int, list[int]] = defaultdict(list)
+    for t in trajectories:
+        for k, (start, end) in enumerate(t.turns, start=1):
+            per_turn[k].append(end - start)
+    for k, lengths in sorted(per_turn.items()):
+        metrics[f"response_length/turn_{k}/mean"] = sum(lengths) / len(lengths)
+    rewards = [t.reward for t in trajectories if t.reward is not None]
+    if rewards:
+        metrics["agent/env_reward/mean"] = sum(rewards) / len(rewards)
+    return metrics

@@ -1,0 +1,228 @@
+"""Token-in/token-out trajectories: a conversation as the exact token ids the policy saw and sampled.
+
+A trajectory starts from the chat-template render of its first messages (with the generation
+prompt) and then only ever appends:
+
+- **sampled tokens**, verbatim as the engine returned them (never decoded and re-encoded),
+  `loss_mask` 1, each with the engine's log-prob;
+- **observations** (tool results, environment messages), `loss_mask` 0, log-prob 0: the text the
+  chat template adds for the new messages, i.e. render(history + new, generation prompt) minus
+  render(history). Before it comes whatever the template writes after an assistant turn's
+  end-of-turn token that the engine did not sample: the engine stops AT `<|im_end|>`, ChatML
+  then has a newline. Dropping it (verl#3720) or the separator before a tool turn (verl#6921)
+  trains the policy on contexts it never sees at inference.
+
+Re-rendering the whole history instead would re-tokenise sampled text (other ids than sampled:
+the log-probs no longer belong to the tokens) and let a template rewrite earlier turns; verl's
+docs report PPO failing to converge that way even in single-turn.
+
+Where a template is not prefix-preserving (the render of the history is not a prefix of the
+render with the new messages; `rlhf models check-template` says where), the observation is
+rendered after a fixed two-message conversation instead, and `template_fallbacks` counts it.
+
+Truncation: the response (everything after the prompt) never exceeds `max_response_tokens`;
+whatever would pass it is cut, and the trajectory ends there (`finish_reason` "max_tokens").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from transformers import PreTrainedTokenizerBase
+
+Message = dict[str, Any]
+
+
+class TemplateError(ValueError):
+    """The chat template cannot render an observation after the history (see `rlhf models check-template`)."""
+
+
+class ChatRenderer:
+    """One tokenizer's chat template, with the conversation's tool schemas, and its tokenisation of text."""
+
+    def __init__(
+        self,
+        tokenizer: PreTrainedTokenizerBase,
+        tools: Sequence[Mapping] | None = None,  # JSON schemas (Tool.schema) passed to the template as `tools=`
+        eos_token_ids: Sequence[int] | None = None,  # where the engine stops; None: the tokenizer's EOS
+    ):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"{type(tokenizer).__name__} has no chat template; multi-turn rollouts render every "
+                             "observation with it. Set tokenizer.chat_template.")
+        self.tokenizer = tokenizer
+        self.tools = [dict(t) for t in tools] if tools else None
+        ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
+        self.eos_token_ids = frozenset(i for i in ids if i is not None)
+        self.eos_texts = {tokenizer.decode([i], skip_special_tokens=False) for i in self.eos_token_ids}
+
+    def text(self, messages: Sequence[Mapping], generation_prompt: bool) -> str:
+        kwargs = {"tools": self.tools} if self.tools else {}
+        return self.tokenizer.apply_chat_template(
+            [dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=False, **kwargs
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=False)
+
+    def turn_end(self, history: Sequence[Mapping], stopped: bool = True) -> str:
+        """What the template writes after the last (assistant) message that the engine did not sample.
+
+        `stopped`: the turn ended on an end-of-turn token, and this is the text after it ("\n" for
+        ChatML). Otherwise (cut by a stop string or max_tokens: the gateway continues such turns) it is
+        everything the template writes after the message's content ("<|im_end|>\n"). Found in
+        render(history) after render(history[:-1], generation prompt); "" where it cannot be told.
+        """
+        head = self.text(history[:-1], generation_prompt=True)
+        full = self.text(history, generation_prompt=False)
+        turn = full[len(head):] if full.startswith(head) else full
+        if not stopped:
+            content = history[-1].get("content") or ""
+            return turn[len(content):] if turn.startswith(content) else ""
+        ends = [turn.rfind(t) + len(t) for t in self.eos_texts if t and t in turn]
+        return turn[max(ends):] if ends else ""
+
+    def observation_text(self, history: Sequence[Mapping], new: Sequence[Mapping]) -> tuple[str, bool]:
+        """(the text `new` messages add after `history`, ready for the next assistant turn; whether the
+        fixed-history fallback was needed because the template is not prefix-preserving here)."""
+        before = self.text(history, generation_prompt=False)
+        after = self.text([*history, *new], generation_prompt=True)
+        if after.startswith(before):
+            return after[len(before):], False
+        base = [m for m in history[:1] if m.get("role") == "system"] + [
+            {"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello."}]
+        before = self.text(base, generation_prompt=False)
+        after = self.text([*base, *new], generation_prompt=True)
+        if not after.startswith(before):
+            roles = [m.get("role") for m in new]
+            raise TemplateError(
+                f"the chat template does not render {roles} messages by appending to the conversation before "
+                "them, even after a plain two-message history; `rlhf models check-template MODEL` shows where "
+                "it rewrites earlier text."
+            )
+        return after[len(before):], True
+
+
+@dataclasses.dataclass
+class Trajectory:
+    """One conversation's tokens: `prompt_ids`, then `response_ids` with `loss_mask` and `log_probs` aligned."""
+
+    prompt_ids: list[int]
+    messages: list[Message]
+    max_response_tokens: int
+    response_ids: list[int] = dataclasses.field(default_factory=list)
+    loss_mask: list[int] = dataclasses.field(default_factory=list)  # 1: sampled by the policy; 0: observation
+    log_probs: list[float] = dataclasses.field(default_factory=list)  # the engine's, on sampled tokens; 0 elsewhere
+    turns: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # [start, end) of each assistant turn
+    finish_reason: str | None = None  # None while it runs; then done / max_turns / max_tokens / length / error
+    rewards: list[float] = dataclasses.field(default_factory=list)  # what the environment gave, step by step
+    template_fallbacks: int = 0
+    turn_stopped: bool = True  # the last assistant turn ended on an end-of-turn token
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)  # counters (tool calls, errors by kind)
+
+    @classmethod
+    def start(cls, renderer: ChatRenderer, messages: Sequence[Mapping], max_response_tokens: int) -> Trajectory:
+        """The prompt: `messages` rendered with the generation prompt."""
+        messages = [dict(m) for m in messages]
+        return cls(renderer.encode(renderer.text(messages, generation_prompt=True)), messages, max_response_tokens)
+
+    @property
+    def room(self) -> int:
+        """Response tokens left in the budget."""
+        return self.max_response_tokens - len(self.response_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    @property
+    def reward(self) -> float | None:
+        """The sum of the environment's rewards, or None when it gave none (the reward manager scores)."""
+        return sum(self.rewards) if self.rewards else None
+
+    @property
+    def final_text(self) -> str:
+        """The last assistant message: what an answer scorer reads."""
+        return next((m["content"] for m in reversed(self.messages) if m.get("role") == "assistant"), "")
+
+    def finish(self, reason: str) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def add_sampled(self, renderer: ChatRenderer, ids: Sequence[int], log_probs: Sequence[float]) -> str:
+        """Append one assistant turn's engine tokens verbatim (cut to the budget); returns its text.
+
+        The turn's message in the history is its decoded text without the end-of-turn token. A
+        turn cut by the token budget ends the trajectory ("max_tokens"); whether a turn that did not
+        end on an end-of-turn token ends it is the caller's choice (the agent loop: "length").
+        """
+        if len(ids) != len(log_probs):
+            raise ValueError(f"add_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
+        ids, log_probs = list(ids), [float(x) for x in log_probs]
+        if len(ids) > self.room:
+            ids, log_probs = ids[: self.room], log_probs[: self.room]
+            self.finish("max_tokens")
+        stopped = bool(ids) and ids[-1] in renderer.eos_token_ids
+        start = len(self.response_ids)
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.log_probs += log_probs
+        self.turns.append((start, len(self.response_ids)))
+        self.turn_stopped = stopped
+        text = renderer.decode(ids[:-1] if stopped else ids)
+        self.messages.append({"role": "assistant", "content": text})
+        return text
+
+    def add_messages(self, renderer: ChatRenderer, new: Sequence[Mapping]) -> None:
+        """Append observation messages: the template's separator after the last turn and their render (mask 0)."""
+        new = [dict(m) for m in new]
+        separator = ""
+        if self.messages and self.messages[-1].get("role") == "assistant" and self.turns:
+            separator = renderer.turn_end(self.messages, stopped=self.turn_stopped)
+        delta, fell_back = renderer.observation_text(self.messages, new)
+        self.template_fallbacks += fell_back
+        ids = renderer.encode(separator + delta)
+        if len(ids) > self.room:
+            ids = ids[: self.room]
+            self.finish("max_tokens")
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.messages += new
+
+    def count(self, key: str, by: int = 1) -> None:
+        self.info[key] = self.info.get(key, 0) + by
+
+    # ------------------------------------------------------------- as data
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready (the gateway's session records): ids, mask, log-probs, messages, turns, how it ended."""
+        return {
+            "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "loss_mask": self.loss_mask,
+            "log_probs": self.log_probs, "messages": self.messages, "turns": [list(t) for t in self.turns],
+            "finish_reason": self.finish_reason, "rewards": self.rewards, "info": self.info,
+            "max_response_tokens": self.max_response_tokens,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Trajectory:
+        """The inverse of `to_dict`; lengths are checked (a record whose mask or log-probs do not line up
+        with its ids would train the wrong tokens)."""
+        n = len(data["response_ids"])
+        if len(data["loss_mask"]) != n or len(data["log_probs"]) != n:
+            raise ValueError(f"trajectory record: {n} response ids but {len(data['loss_mask'])} mask values and "
+                             f"{len(data['log_probs'])} log-probs")
+        return cls(
+            prompt_ids=list(data["prompt_ids"]), messages=[dict(m) for m in data["messages"]],
+            max_response_tokens=int(data.get("max_response_tokens", n)), response_ids=list(data["response_ids"]),
+            loss_mask=[int(m) for m in data["loss_mask"]], log_probs=[float(x) for x in data["log_probs"]],
+            turns=[tuple(t) for t in data.get("turns", [])], finish_reason=data.get("finish_reason"),
+            rewards=[float(r) for r in data.get("rewards", [])], info=dict(data.get("info", {})),
+        )
