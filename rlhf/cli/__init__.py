@@ -33,6 +33,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
   rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
+  rlhf sft MODEL --data FILE [--lora-rank 16]     supervised fine-tuning of a model folder (LoRA with --lora-rank)
   rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf models check-template MODEL                is the chat template append-only for multi-turn tool rollouts?
