@@ -14,8 +14,8 @@ folder, the checkpoint write time, the parameter bytes the policy worker holds p
 process's peak RSS. To compare code versions, run it once per version with that version first on
 PYTHONPATH (the script uses only what both versions have):
 
-    /work/bin/realmodel-run --exclusive python benchmarks/checkpoint_cost.py --label after
-    PYTHONPATH=/path/to/old/tree /work/bin/realmodel-run --exclusive python benchmarks/checkpoint_cost.py --label before
+    python benchmarks/checkpoint_cost.py --label after
+    PYTHONPATH=/path/to/old/tree python benchmarks/checkpoint_cost.py --label before
 """
 
 from __future__ import annotations

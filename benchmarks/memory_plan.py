@@ -1,7 +1,7 @@
 """The memory planner against measurement: predicted vs measured peak per role and phase, over a grid of shapes.
 
     python benchmarks/memory_plan.py                       # the tiny model; SmolLM2 too with --smollm2
-    /work/bin/realmodel-run python benchmarks/memory_plan.py --smollm2 --out benchmarks/results/memory_plan.json
+    python benchmarks/memory_plan.py --smollm2 --out benchmarks/results/memory_plan.json
 
 Each grid point runs in fresh processes (two for 2 FSDP ranks, over gloo), builds the real workers
 (the policy with its reference model and the transformers engine, a critic, a reward model) on the
@@ -189,7 +189,7 @@ def label(point: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--smollm2", action="store_true", help="include SmolLM2-135M (run under realmodel-run)")
+    parser.add_argument("--smollm2", action="store_true", help="include SmolLM2-135M (loads the real model)")
     parser.add_argument("--only-smollm2", action="store_true", help="SmolLM2 alone")
     parser.add_argument("--quick", action="store_true", help="four single-rank points")
     parser.add_argument("--tolerance", type=float, default=0.15)

@@ -3,7 +3,7 @@
 The engine is the transformers engine with its own copy of the weights (synced like vLLM); the
 actor is a float32 copy of the same model. A and B alternate, medians of `--repeats` pairs.
 
-    /work/bin/realmodel-run python benchmarks/sync_check.py --model smollm2-135m-instruct \\
+    python benchmarks/sync_check.py --model smollm2-135m-instruct \\
         --json benchmarks/results/sync_check-smollm2-DATE.json      # the real model (needs its slot)
     python benchmarks/sync_check.py                           # the tiny test model
 """

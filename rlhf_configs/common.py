@@ -44,6 +44,11 @@ def quiet(cfg: fdl.Config[Experiment]) -> None:
     cfg.progress = False
 
 
+def cpu(cfg: fdl.Config[Experiment]) -> None:
+    """Run on CPUs in float32 (rlhf_configs/cpu.gin): no GPUs, float32 weights and matmuls, DDP."""
+    apply_gin(cfg, "cpu.gin")
+
+
 def gin(cfg: fdl.Config[Experiment], path: str | None = None, text: str | None = None) -> None:
     """Apply a gin file's bindings (rlhf_configs/*.gin or your own), e.g. fiddler:gin(path='debug.gin')."""
     apply_gin(cfg, path, text)

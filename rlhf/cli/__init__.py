@@ -33,6 +33,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
   rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
   rlhf data prepare TASK --out DIR                write a dataset in verl's schema
+  rlhf sft MODEL --data FILE [--lora-rank 16]     supervised fine-tuning of a model folder (LoRA with --lora-rank)
   rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
   rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
   rlhf models check-template MODEL                is the chat template append-only for multi-turn tool rollouts?
@@ -68,7 +69,8 @@ def _command(command: str, rest: list[str]) -> int:
         return serve(rest)
     if command == "data":
         if not rest or rest[0] != "prepare":
-            sys.exit("usage: rlhf data prepare TASK --out DIR")
+            print("usage: rlhf data prepare TASK --out DIR   (`rlhf data prepare --help`: the tasks and options)")
+            return 0 if rest and rest[0] in ("-h", "--help") else 2
         from rlhf.data.prepare import main as prepare
 
         return prepare(rest[1:])
@@ -108,8 +110,13 @@ def _command(command: str, rest: list[str]) -> int:
 
         return memory_plan_main(rest[1:])
     if command in ("run", "plan", "show"):
-        if not rest:
-            sys.exit(f"usage: rlhf {command} experiments/x.py [--config CMD ...]")
+        if not rest or rest[0] in ("-h", "--help"):
+            usage = {"run": "run an experiment (the file's own flags: python experiments/x.py --help)",
+                     "plan": "print each stage's execution plan and its memory per device; "
+                             "`rlhf plan --memory --help` for a model config alone",
+                     "show": "print the graph after overrides, and where each value was set"}[command]
+            print(f"usage: rlhf {command} experiments/x.py [--config CMD ...]\n\n  {usage}")
+            return 0 if rest else 2
         from rlhf.cli.experiment import load_experiment, run_cli
 
         extra = {"plan": ["--print_plan"], "show": ["--print_graph"], "run": []}[command]

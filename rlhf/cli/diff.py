@@ -17,7 +17,7 @@ from typing import Any
 from rlhf.cli.experiment import experiment_graph
 from rlhf.cli.rerun import load_run_graph
 from rlhf.graph.diff import diff_graphs, format_diff
-from rlhf.graph.io import from_json
+from rlhf.graph.io import GraphSourceError, from_json
 
 __all__ = ["diff_main"]
 
@@ -47,10 +47,12 @@ def _side(spec: str, commands: Sequence[str], repo: str) -> tuple[Any, str | Non
     if spec.endswith(".py"):
         name = f"{spec} {' '.join(commands)}".strip()
         return experiment_graph(spec, commands), None, name
-    if spec.endswith(".json") and Path(spec).is_file():
-        return from_json(Path(spec).read_text()), None, spec
     try:
+        if spec.endswith(".json") and Path(spec).is_file():
+            return from_json(Path(spec).read_text()), None, spec
         graph, run = load_run_graph(repo, spec)
+    except GraphSourceError as err:
+        sys.exit(f"error: {spec}: {err}")
     except (LookupError, FileNotFoundError) as err:
         sys.exit(f"error: {spec!r} is not an experiment .py file, a fiddle .json file, or a run: {err}")
     stage = run["params"].get("stage")

@@ -108,6 +108,10 @@ def format_results(results: Mapping[str, Mapping[str, Any]]) -> str:
 def run_cli(module: types.ModuleType, argv: Sequence[str] | None = None) -> dict[str, Any] | None:
     """Parse `argv` (default: `sys.argv[1:]`), build the graph, and run, print or sweep it."""
     honour_interrupts()
+    if module.__name__ == "__main__" and isinstance(getattr(module, "__file__", None), str):
+        # `python x.py`: build from the file loaded as module `x`, as `rlhf run x.py` does, so the graph names its
+        # callables `x.fn` (a later process can load them: rlhf.graph.io) and hashes the same either way
+        module = load_experiment(module.__file__)
     args = _parser(os.path.basename(getattr(module, "__file__", "experiment"))).parse_args(argv)
     try:
         graph, fiddlers = build_graph(module, args.config)

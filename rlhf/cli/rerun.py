@@ -19,7 +19,7 @@ import fiddle as fdl
 from rlhf.cli.experiment import format_results
 from rlhf.config.overrides import OverrideError, apply_set
 from rlhf.config.provenance import labelled
-from rlhf.graph.io import from_json, make_experiments_importable
+from rlhf.graph.io import GraphSourceError, from_json, make_experiments_importable
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.preflight import PreflightError
@@ -107,7 +107,7 @@ def rerun_main(argv: Sequence[str]) -> int:
     args = p.parse_args(argv)
     try:
         results = rerun(args.run, args.repo, local=args.local, output_dir=args.output_dir, commands=args.config)
-    except (LookupError, FileNotFoundError, OverrideError, PreflightError) as err:
+    except (LookupError, FileNotFoundError, GraphSourceError, OverrideError, PreflightError) as err:
         sys.exit(f"error: {err}")
     print(format_results(results))
     return 0

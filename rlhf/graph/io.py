@@ -7,9 +7,13 @@
   elements come out in hash-seed order.
 - `flatten` / `nest`: every leaf as `{"stages.rl.policy.lr": 1e-6}`, and back to nested dicts, so
   Aim's UI can group runs by `run.params.graph.<path>`.
-- `make_experiments_importable`: a graph built by an experiment file names callables of a module
-  named after that file (`arithmetic_tiny.tiny_reward`); `from_json` in another process (a sweep
-  member, `rlhf rerun`) finds it when the working directory or its `experiments/` is on `sys.path`.
+- Callables defined in an experiment file or a script (a user-written reward, say) live in a module
+  that no import statement can find in a later process (`rlhf rerun`, `rlhf diff`, a Ray worker, a
+  sweep member started elsewhere). `to_json` records the source file of every such module beside
+  fiddle's data (`"rlhf_sources": {"smollm2_arithmetic": "/abs/experiments/smollm2_arithmetic.py"}`),
+  and `from_json` loads a module from its recorded file when it is not loaded already, `__main__`
+  included (a graph built by `python my_script.py`). `make_experiments_importable` is the fallback
+  for graphs stored before the files were recorded: the working directory and its `experiments/`.
 
 `graph_hash` and `flatten` look at the graph with every defaulted argument materialized
 (`fdl.materialize_defaults` on a copy): setting an argument to its default changes neither.
@@ -22,17 +26,22 @@ import copy
 import dataclasses
 import enum
 import hashlib
+import importlib.util
 import json
 import math
 import os
 import sys
+import sysconfig
+import types
+from collections.abc import Iterator
 from typing import Any
 
 import fiddle as fdl
 from fiddle import daglish
 from fiddle.experimental import serialization
 
-__all__ = ["to_json", "from_json", "graph_hash", "flatten", "nest", "shared_node_paths", "make_experiments_importable"]
+__all__ = ["to_json", "from_json", "graph_hash", "flatten", "nest", "shared_node_paths", "make_experiments_importable",
+           "GraphSourceError"]
 
 _PRIMITIVES = (bool, int, float, str, type(None))
 # Factories of dataclass fields that are called rather than named when defaults are materialized:
@@ -40,14 +49,107 @@ _PRIMITIVES = (bool, int, float, str, type(None))
 _TRIVIAL_FACTORIES = (list, dict, tuple)
 
 
+_SOURCES_KEY = "rlhf_sources"  # beside fiddle's own keys (fiddle reads only "root" and "objects")
+
+
+class GraphSourceError(ImportError):
+    """A stored graph names a callable whose module can neither be imported nor loaded from its recorded file."""
+
+
 def to_json(cfg: fdl.Buildable) -> str:
-    """Serializes `cfg` with fiddle's JSON format (shared nodes stay shared; no argument history)."""
-    return serialization.dump_json(cfg)
+    """Serializes `cfg` with fiddle's JSON format (shared nodes stay shared; no argument history), plus the
+    source file of every module of the graph's callables that only its file can bring back (see above)."""
+    data = json.loads(serialization.dump_json(cfg))
+    sources = {name: file for name in sorted(set(_pyref_modules(data))) if (file := _script_file(name))}
+    if sources:
+        data[_SOURCES_KEY] = sources
+    return json.dumps(data)
 
 
 def from_json(s: str) -> fdl.Buildable:
-    """Inverse of `to_json`: `from_json(to_json(cfg)) == cfg`, sharing included."""
-    return serialization.load_json(s)
+    """Inverse of `to_json`: `from_json(to_json(cfg)) == cfg`, sharing included. Modules recorded with their
+    source file are loaded from it first where they are not loaded yet (a graph stored by another process)."""
+    data = json.loads(s)
+    renames = _load_sources(data.pop(_SOURCES_KEY, {}))
+    if renames:
+        for ref in _pyrefs(data):
+            ref["module"] = renames.get(ref["module"], ref["module"])
+    try:
+        return serialization.load_json(json.dumps(data))
+    except (ImportError, AttributeError) as err:
+        raise GraphSourceError(
+            f"the graph names a callable that cannot be found here: {err}. A graph records the files of the "
+            "experiments and scripts it was built from (rlhf_sources); graphs stored before that are found "
+            "when the experiment file is in the working directory or its experiments/ folder."
+        ) from err
+
+
+def _pyrefs(data: Any) -> Iterator[dict]:
+    """Every `{"type": "pyref", "module": ..., "name": ...}` in fiddle's JSON data (callables, types, enums)."""
+    stack = [data]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            if value.get("type") == "pyref" and "module" in value:
+                yield value
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def _pyref_modules(data: Any) -> Iterator[str]:
+    return (ref["module"] for ref in _pyrefs(data))
+
+
+def _library_dirs() -> tuple[str, ...]:
+    paths = sysconfig.get_paths()
+    return tuple(os.path.realpath(paths[k]) + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib") if k in paths)
+
+
+def _script_file(name: str) -> str | None:
+    """The source file of module `name` when only that file can bring it back in another process: a stand-alone
+    module (no package, so not `rlhf...` or `torch...`) outside the interpreter's own and installed libraries,
+    such as an experiment file loaded by `rlhf run` or the `__main__` of `python my_script.py`."""
+    module = sys.modules.get(name)
+    if module is None or "." in name or hasattr(module, "__path__"):
+        return None
+    file = getattr(module, "__file__", None)
+    if not isinstance(file, str) or not file.endswith(".py") or not os.path.isfile(file):
+        return None
+    file = os.path.realpath(file)
+    return None if file.startswith(_library_dirs()) else file
+
+
+def _load_sources(sources: dict[str, str]) -> dict[str, str]:
+    """Load each recorded module that is not loaded yet from its file; returns the module names to read
+    differently (a foreign `__main__` is loaded under its file's name, as `rlhf run FILE` names it)."""
+    renames: dict[str, str] = {}
+    for name, file in sources.items():
+        if name == "__main__":
+            main_file = getattr(sys.modules.get("__main__"), "__file__", None)
+            if isinstance(main_file, str) and os.path.realpath(main_file) == os.path.realpath(file):
+                continue  # the process that built the graph (e.g. LocalRuntime building its workers)
+            alias = os.path.splitext(os.path.basename(file))[0]
+            loaded = sys.modules.get(alias)
+            if loaded is None or os.path.realpath(getattr(loaded, "__file__", "") or "") != os.path.realpath(file):
+                _load_file(alias, file)
+            renames[name] = alias
+        elif name not in sys.modules and os.path.isfile(file):
+            _load_file(name, file)
+    return renames
+
+
+def _load_file(name: str, file: str) -> types.ModuleType:
+    """Execute `file` as module `name` (registered in `sys.modules` first, as an import would be)."""
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
 
 
 def make_experiments_importable() -> None:

@@ -39,7 +39,7 @@ from rlhf.models.saving import make_portable
 
 transformers.utils.logging.disable_progress_bar()  # the GGUF conversion's bars, once per tensor group
 
-__all__ = ["KNOWN_MODELS", "KnownModel", "ModelImportError", "cache_root", "import_model"]
+__all__ = ["KNOWN_MODELS", "KnownModel", "ModelImportError", "cache_root", "import_model", "model_folder"]
 
 MARKER = "rlhf_import.json"  # written last into every imported folder: what it came from
 _GGUF_MAGIC = b"GGUF"
@@ -97,6 +97,17 @@ def import_model(source: str, out: str | Path | None = None, *, cache_dir: str |
         )
     atomic_write_dir(str(target), lambda tmp: _copy_tree(converted, tmp))
     return target
+
+
+def model_folder(source: str) -> str:
+    """What a worker loads for `source`, as a graph node (`fdl.Config(model_folder, "...")`): a known name or a
+    `.gguf` file (or a folder holding one and no config.json) is imported into the cache first (once); a
+    Hugging Face folder or hub id is returned as it is, since workers load those directly."""
+    path = Path(source).expanduser()
+    needs_import = source in KNOWN_MODELS or path.suffix == ".gguf" or (
+        path.is_dir() and not (path / "config.json").exists()
+    )
+    return str(import_model(source)) if needs_import else source
 
 
 # ----------------------------------------------------------------------------- sources

@@ -272,7 +272,22 @@ def test_debug_and_cpu_on_qwen_gsm8k(experiments):
     assert grpo.evaluator.sampling.max_new_tokens == 8
     assert grpo.policy.gpus_per_worker == 0
     assert (grpo.policy.worker.dtype, grpo.policy.worker.training.strategy) == ("float32", "ddp")
+    assert grpo.policy.worker.training.compute_dtype == "float32"  # the recipe's bf16 matmuls too
     assert gin_entries(grpo, "total_steps") == [f"{SHIPPED / 'debug.gin'}:5"]
+
+
+def test_cpu_is_one_switch(experiments):
+    """`fiddler:cpu` is cpu.gin: a GPU recipe (bf16 compute, one GPU per worker) runs on CPUs in float32."""
+    import rlhf_configs.common as common
+
+    g = experiments["qwen_gsm8k"].base()
+    training = g.stages["grpo"].policy.worker.training
+    assert (training.compute_dtype, g.stages["grpo"].policy.gpus_per_worker) == ("bfloat16", 1)
+    common.cpu(g)
+    assert g == apply_gin(experiments["qwen_gsm8k"].base(), "cpu.gin")
+    grpo = g.stages["grpo"]
+    assert (grpo.policy.gpus_per_worker, grpo.policy.worker.dtype) == (0, "float32")
+    assert (grpo.policy.worker.training.compute_dtype, grpo.policy.worker.training.strategy) == ("float32", "ddp")
 
 
 def test_debug_on_arithmetic_tiny_sets_sft_and_eval_rows(experiments):

@@ -1,6 +1,5 @@
 """Every experiment and every fiddler builds a graph and compiles its Plan (nothing runs)."""
 
-import importlib.util
 import inspect
 from pathlib import Path
 
@@ -8,6 +7,7 @@ import fiddle as fdl
 import pytest
 
 import rlhf_configs.common as common
+from rlhf.cli.experiment import load_experiment
 from rlhf.graph.io import from_json, graph_hash, to_json
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.plan import compile_graph
@@ -16,10 +16,9 @@ EXPERIMENTS = sorted((Path(__file__).parents[2] / "experiments").glob("*.py"))
 
 
 def load(path: Path):
-    spec = importlib.util.spec_from_file_location(f"experiment_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The experiment as the CLI loads it: a module named after the file, so callables defined in the file
+    (a recipe's own reward) serialise under that name."""
+    return load_experiment(str(path))
 
 
 def fiddlers(module):

@@ -184,6 +184,49 @@ def test_hash_is_the_same_in_processes_with_other_hash_seeds(spec_list):
         assert json.loads(child.stdout) == [graph_hash(g) for g in graphs]
 
 
+# --- callables defined in scripts and experiment files --------------------------------------------
+
+_SCRIPT = """
+import fractions, functools
+import fiddle as fdl
+from rlhf.graph.io import to_json
+
+def halve(x: float) -> float:
+    return x / 2
+
+print(to_json(fdl.Config(functools.partial, halve, fdl.Config(fractions.Fraction, 9))))
+"""
+
+
+def test_a_graph_built_by_a_script_loads_in_another_process(tmp_path, monkeypatch):
+    script = tmp_path / "halving_script.py"
+    script.write_text(_SCRIPT)
+    text = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, check=True,
+                          cwd=tmp_path).stdout
+    # functools and fractions are found by name anywhere: only the script's own file is recorded
+    assert json.loads(text)["rlhf_sources"] == {"__main__": str(script.resolve())}
+    monkeypatch.delitem(sys.modules, "halving_script", raising=False)
+    graph = from_json(text)  # here __main__ is pytest: the script is loaded under its file's name
+    assert fdl.build(graph)() == 4.5 and sys.modules["halving_script"].__file__ == str(script.resolve())
+    assert from_json(to_json(graph)) == graph  # and it stays loadable: now recorded under that name
+
+
+def test_graphs_of_installed_code_record_no_files():
+    graph = fdl.Config(toys.Policy, hidden=8)  # tests/graph: a package-less module, but on sys.path here
+    assert "rlhf_sources" not in json.loads(to_json(fdl.Config(dict, opt=fdl.Partial(random.Random, 3))))
+    assert json.loads(to_json(graph))["rlhf_sources"] == {"graph_toys": str(Path(toys.__file__).resolve())}
+
+
+def test_a_callable_that_cannot_be_found_names_what_is_missing():
+    from rlhf.graph.io import GraphSourceError
+
+    data = json.loads(to_json(fdl.Config(toys.Policy)))
+    del data["rlhf_sources"]  # a graph stored before files were recorded, whose module is gone
+    text = json.dumps(data).replace('"graph_toys"', '"no_such_module_anywhere"')
+    with pytest.raises(GraphSourceError, match="no_such_module_anywhere"):
+        from_json(text)
+
+
 # --- flatten / nest --------------------------------------------------------------------------
 
 
