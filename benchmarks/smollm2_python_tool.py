@@ -37,7 +37,9 @@ GRPO_CURVES = ("critic/score/mean", "num_turns/mean", "tool_calls/mean", "tool_e
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sft-steps", type=int, default=None, help="SFT steps (default: the recipe's)")
+    parser.add_argument("--sft-lr", type=float, default=None, help="SFT learning rate (default: the recipe's)")
     parser.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps (default: the recipe's)")
+    parser.add_argument("--heldout", type=int, default=None, help="held-out problems (default: the recipe's)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     recipe = load_experiment(str(ROOT / "experiments" / "smollm2_python_tool.py"))
@@ -48,8 +50,12 @@ def main() -> int:
     sft.val_before_train = True  # the untuned model's accuracy with the tool, logged at step 0
     if args.sft_steps is not None:
         sft.total_steps = args.sft_steps
+    if args.sft_lr is not None:
+        sft.policy.worker.optimizer.lr = args.sft_lr
     if args.grpo_steps is not None:
         grpo.total_steps = args.grpo_steps
+    if args.heldout is not None:
+        sft.evaluator.dataset.rows.n = grpo.evaluator.dataset.rows.n = args.heldout
     work = Path(tempfile.mkdtemp(prefix="smollm2_python_tool-"))
     graph.output_dir = str(work / "out")
     graph.tracker.repo = str(work / "aim")
@@ -73,7 +79,7 @@ def main() -> int:
         "heldout_tool_calls_per_conversation": {
             "untuned": at("sft", EVAL_CURVES[1], 0), "after_sft": at("sft", EVAL_CURVES[1], None),
             "after_grpo": at("grpo", EVAL_CURVES[1], None)},
-        "settings": {"sft_steps": sft.total_steps, "sft_batch_size": sft.batch_size,
+        "settings": {"sft_steps": sft.total_steps, "sft_lr": sft.policy.worker.optimizer.lr, "sft_batch_size": sft.batch_size,
                      "sft_demonstrations": sft.data.rows.rows.n, "grpo_steps": grpo.total_steps,
                      "prompts_per_step": grpo.prompts_per_step, "samples_per_prompt": grpo.sampling.n,
                      "heldout_problems": grpo.evaluator.dataset.rows.n},

@@ -18,6 +18,12 @@ turns), 100% after 8 GRPO steps; 11 minutes in all, load 2-5
 -20261125-001115.json). GRPO had nothing left to learn here: every sampled conversation already
 ended on the sum (training score 1.0 at every step), so every group's advantage was 0. Without the
 warm start, 6 GRPO steps from the untuned model sampled no right conversation (192) and were stopped.
+A partial warm start, on 64 held-out problems, did not show a GRPO gain either: 2 SFT steps already
+gave 100% (the run was stopped after that evaluation); 1 SFT step at lr 1.5e-5 gave 1.6% (1/64, no
+tool call in a greedy conversation), and 8 GRPO steps from it 3.1% (2/64, within noise) with a
+training score of 0 in 7 of the 8 steps (1 right conversation in 32 at the 8th), 14 minutes, load 6
+(-20261125-010804.json). The step from "never" to "always" lies between those two warm starts (the
+next to try: 1 step at 3e-5, or more GRPO steps from the weak one), so the default stays at 8 steps.
 
     /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:local
     /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local
