@@ -5,9 +5,9 @@ short SFT on code-block demonstrations (with the held-out evaluation before and 
 multi-turn GRPO with the sandboxed `python` tool, evaluated at its end. Prints and writes
 benchmarks/results/smollm2_python_tool-<time>.json: held-out greedy accuracy with the tool for the
 untuned model, after SFT and after GRPO, tool calls per conversation at each point, the GRPO curves,
-wall time and the load average. Loads the real model: run it under /work/bin/realmodel-run.
+wall time and the load average. Loads the real model (~5 GB).
 
-    OMP_NUM_THREADS=1 /work/bin/realmodel-run python benchmarks/smollm2_python_tool.py   # 11-30 min on 1 thread, by load
+    OMP_NUM_THREADS=1 python benchmarks/smollm2_python_tool.py   # 11-30 min on 1 thread, by load
 """
 
 from __future__ import annotations

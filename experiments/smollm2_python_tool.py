@@ -25,8 +25,8 @@ training score of 0 in 7 of the 8 steps (1 right conversation in 32 at the 8th),
 (-20261125-010804.json). The step from "never" to "always" lies between those two warm starts (the
 next to try: 1 step at 3e-5, or more GRPO steps from the weak one), so the default stays at 8 steps.
 
-    /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:local
-    /work/bin/realmodel-run python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local
+    python experiments/smollm2_python_tool.py --config fiddler:local
+    python experiments/smollm2_python_tool.py --config fiddler:smoke --config fiddler:local
 """
 
 from __future__ import annotations
