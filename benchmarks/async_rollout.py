@@ -25,7 +25,7 @@ trainer waited for its batch (`async/trainer_idle_s`; synchronously the generati
 over the step time. Accuracy: greedy, held-out problems, after the run (nothing is dropped when waiting,
 so every mode trained on the same number of samples).
 
-    flock /work/locks/bench python benchmarks/async_rollout.py                 # both jobs (the real-model
+    python benchmarks/async_rollout.py                 # both jobs (the real-model
                                                                               # part needs ~6 GB)
     python benchmarks/async_rollout.py --jobs tiny --steps 250 --rounds 2
     python benchmarks/async_rollout.py --jobs smollm2 --gpu --runtime local --placement colocated  # 1 GPU, no Ray

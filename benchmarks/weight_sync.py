@@ -11,7 +11,7 @@ filled with random values: no real-model load) and the tiny main-job model's.
 - object store: the snapshot is the sender's call result (stays in the object store); the receiver's call
   takes its reference and reads it there.
 
-    flock /work/locks/bench python benchmarks/weight_sync.py          # ~2 min
+    python benchmarks/weight_sync.py          # ~2 min
 
 Writes benchmarks/results/weight_sync-<time>.json; prints medians and the ratio.
 """
