@@ -113,6 +113,10 @@ def test_the_probe_counts_live_bytes():
 
 
 def test_policy_prediction_within_15_percent_of_the_measured_peak_on_the_tiny_model():
+    # the probe counts every live tensor of the process; in a long pytest session earlier tests leave
+    # some (module caches, fixtures), so what was alive before the worker existed is taken off
+    with PeakMemory() as before:
+        pass
     worker = grpo_worker(strategy="ddp", micro_batch_size=4)
     batch = scored_rollout(worker, prompts=4, n=4)
     worker.update(batch)  # the steady state: gradients and AdamW moments exist
@@ -124,5 +128,5 @@ def test_policy_prediction_within_15_percent_of_the_measured_peak_on_the_tiny_mo
                  "objective": worker.objective}
     p, r = batch["prompts"].shape[1], batch["responses"].shape[1]
     predicted = PolicyWorker.predict_memory(arguments, Workload(p, r, n=4, rows=len(batch)), Placement())
-    assert predicted.phase("update").bytes == pytest.approx(update.peak, rel=0.15)
-    assert predicted.phase("log-probs (no grad)").bytes == pytest.approx(forward.peak, rel=0.15)
+    assert predicted.phase("update").bytes == pytest.approx(update.peak - before.start, rel=0.15)
+    assert predicted.phase("log-probs (no grad)").bytes == pytest.approx(forward.peak - before.start, rel=0.15)
