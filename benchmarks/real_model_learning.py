@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
     parser.add_argument("--test-freq", type=int, default=0, help="validate every k steps (0: before and after only)")
     parser.add_argument("--config", action="append", default=[], metavar="CMD",
-                        help="more overrides of the recipe (e.g. set:stages.grpo.total_steps=4)")
+                        help="more overrides of the recipe (e.g. 'config:base(steps=32)', set:stages.grpo.test_freq=4)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -81,8 +81,9 @@ def main() -> int:
     from rlhf.runtime.experiment import run_experiment
 
     recipe = load_experiment(str(ROOT / "experiments" / "smollm2_arithmetic.py"))
-    commands = ["fiddler:local", "fiddler:quiet", *(["fiddler:vllm"] if args.engine == "vllm" else []),
-                f"set:stages.grpo.test_freq={args.test_freq}", *args.config]
+    configs = [c for c in args.config if c.startswith("config:")]  # a config: command builds the graph: first
+    commands = [*configs, "fiddler:local", "fiddler:quiet", *(["fiddler:vllm"] if args.engine == "vllm" else []),
+                f"set:stages.grpo.test_freq={args.test_freq}", *(c for c in args.config if c not in configs)]
     graph, _ = build_graph(recipe, commands)
     graph.tracker = fdl.Config(CurveTracker)
     graph.output_dir = tempfile.mkdtemp(prefix="real_model_learning-")
