@@ -4,11 +4,13 @@ The base model never answers with the bare number (held-out exact match 0%): it 
 "18 + 93 = 111" and often goes on chatting, and gets the sum right only about one time in five.
 GRPO with a reward written in this file (`number_reward`: full credit for the bare right number,
 partial credit when only the last number is right) teaches both the format and the sums. No SFT.
-Measured on 2 shared CPU cores (benchmarks/real_model_learning.py): held-out exact match on 200
-problems from 0% to 52.5% (the last number right: 17% to 52.5%) in 24 steps, 13.4 minutes with four
-validations. The answers are bare numbers within ~5 steps; what stays wrong is arithmetic (mostly the
-tens digit). With one optimizer step per GRPO step instead of two (`mini_batches`), runs reached
-35-37.5% after 24-30 steps; docs/bring_your_own_model.md has the runs (single runs, ±3.5 points each).
+Measured on 2 CPU cores (benchmarks/real_model_learning.py, 200 held-out problems, greedy): exact
+match from 0% to 49.5% (the last number right: 17% to 50%) in 32 steps, 13.0 minutes with five
+validations; with 24 steps two runs ended at 52.5% and 41% (the second on the final code, 10.3
+minutes), so a run lands around 40-53% and the step count is set to fill ~13 of the 15 minutes. The
+answers are bare numbers within ~5 steps; what stays wrong is arithmetic (mostly the tens digit).
+With one optimizer step per GRPO step instead of two (`mini_batches`), runs reached 35-37.5% after
+24-30 steps; docs/bring_your_own_model.md has the runs (single runs, ±3.5 points each).
 
     python experiments/smollm2_arithmetic.py                       # Ray, Aim, progress bars (CPU, fp32)
     python experiments/smollm2_arithmetic.py --config fiddler:local  # in-process
@@ -95,7 +97,7 @@ def heldout_evaluator(tokenizer: fdl.Config, n: int = 200) -> fdl.Config[Evaluat
     )
 
 
-def base(model: str = "smollm2-135m-instruct", lr: float = 2e-5, steps: int = 24,
+def base(model: str = "smollm2-135m-instruct", lr: float = 2e-5, steps: int = 32,
          mini_batches: int = 2) -> fdl.Config[Experiment]:
     """GRPO from the instruct model: 16 prompts x 8 samples, short answers, no KL, fp32 on CPU.
     `mini_batches` optimizer steps per GRPO step: rollouts are cheap here (answers are 4 tokens), so each
