@@ -8,6 +8,7 @@ response token t is generated, i.e. the model's output at position P+t-1.
 
 from __future__ import annotations
 
+import math
 import time
 
 import torch
@@ -18,9 +19,9 @@ from rlhf.batch import Batch
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.memory import (
-    MemoryEstimate, Placement, Term, Workload, between_updates, dtype_bytes, estimate, forward_terms, micro_batch,
-    model_shape,
-    optimizer_step_terms, trained_model_terms, training_activation_terms,
+    MemoryEstimate, Placement, Term, Workload, between_updates, dtype_bytes, estimate, forward_terms,
+    fsdp_forward_start_terms, fsdp_root_terms, largest, micro_batch, model_shape, trained_model_terms,
+    training_activation_terms, update_terms,
 )
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
@@ -83,13 +84,17 @@ class CriticWorker:
         rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
                                   training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
         hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
-        phases = [("values (no grad)", between_updates(device) + forward_terms(shape, rows, width, compute, placement) + [hidden])]
+        # the FSDP root group stays gathered from the value forward to the end of the update's backward
+        root = fsdp_root_terms(shape, "value", compute, placement, "critic")
+        forward = forward_terms(shape, rows, width, compute, placement) + [hidden]
+        phases = [("values (no grad)", between_updates(device) + root
+                   + largest(forward, fsdp_forward_start_terms(shape, "value", compute, placement)))]
         mini = max(1, workload.rows // max(1, workload.mini_batches))
         rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size, training.max_tokens_per_micro_batch)
         backward = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing, placement)
-        step = optimizer_step_terms(shape, "value", placement)
-        worst = backward if sum(t.bytes for t in backward) >= sum(t.bytes for t in step) else step
-        phases.append(("update", device + worst))
+        phases.append(("update", update_terms(
+            shape, "value", compute, placement, device, backward, math.ceil(mini / rows), "critic",
+            recomputed=backward if training.gradient_checkpointing else None)))
         return estimate("critic", phases, host)
 
     @staticmethod

@@ -29,10 +29,19 @@ head_dim; sizes in the dtype each tensor has):
   (4.5H + max(3I, 3q + 4kv) + T/4 elements per token) plus the logits as above, without gradients;
 - generation with the transformers engine: the KV cache of the rows decoded at once, for
   prompt + new tokens (2 x L x kv elements per token), the prompt prefill's own cache and one
-  layer's transients, the decoder's copies of the fused projection weights (all weights in the
-  compute dtype when it differs from storage, or gathered under FSDP), and a few (B, V) float32
-  sampling temporaries; vLLM: its share of the device (`gpu_memory_utilization`), which sleeps
-  (freed) while the trainer runs on GPUs.
+  layer's transients, the decoder's copies of the fused projection weights (besides the layers'
+  weights in the compute dtype when it differs from storage, or gathered under FSDP on several
+  ranks), and a few (B, V) float32 sampling temporaries; vLLM: its share of the device
+  (`gpu_memory_utilization`), which sleeps (freed) while the trainer runs on GPUs;
+- FSDP2 (`rlhf.workers.fsdp.shard_model`: each decoder layer, then the root): the layer being
+  computed gathered (with its all-gather output on several ranks), and the root group (embedding,
+  final norm, head) gathered in the compute dtype from a forward to the end of the next backward
+  (the root does not reshard after forward): a frozen model's for good; on several ranks the first
+  forward also holds the root's all-gather output until the first layer is gathered; in backward
+  the root's unsharded gradients (the LM head's from the start, the embedding's at the end) before
+  their reduce-scatter. A phase's peak is its largest moment (`largest`, `update_terms`): an update's
+  activation peak (gradients only from an earlier micro-batch of the same optimizer step), the end
+  of backward, or the optimizer step.
 
 Validated against measured live tensor bytes on CPU (benchmarks/memory_plan.py, docs/memory.md).
 """
@@ -51,8 +60,9 @@ from rlhf.models.loading import resolve_model_path
 
 __all__ = [
     "GiB", "MemoryEstimate", "ModelShape", "Phase", "Placement", "Term", "Workload", "dtype_bytes", "model_shape",
-    "between_updates", "forward_terms", "frozen_model_terms", "generation_terms", "logit_terms", "trained_model_terms",
-    "training_activation_terms",
+    "between_updates", "forward_terms", "frozen_model_terms", "fsdp_forward_start_terms", "fsdp_root_terms",
+    "generation_terms", "largest", "log_prob_block_terms", "logit_terms", "root_group_parameters",
+    "shared_prefix_backward_terms", "trained_model_terms", "training_activation_terms", "update_terms",
 ]
 
 GiB = 2**30
@@ -266,8 +276,10 @@ def between_updates(terms: list[Term]) -> list[Term]:
 
 
 def frozen_model_terms(shape: ModelShape, head: str, dtype: str, placement: Placement, label: str) -> list[Term]:
-    """A frozen model (reference, reward model) in its storage dtype, sharded by FSDP."""
-    return [Term(f"{label} weights ({dtype})", dtype_bytes(dtype) * shape.parameters(head) / placement.shard)]
+    """A frozen model (reference, reward model) in its storage dtype, sharded by FSDP, with its root
+    group gathered for good after its first forward (`fsdp_root_terms`)."""
+    return [Term(f"{label} weights ({dtype})", dtype_bytes(dtype) * shape.parameters(head) / placement.shard),
+            *fsdp_root_terms(shape, head, dtype, placement, label)]
 
 
 def _layer_saved_elements(shape: ModelShape, width: int) -> float:
@@ -281,8 +293,106 @@ def _layer_transient_elements(shape: ModelShape, width: int) -> float:
 
 
 def _gathered_layer_bytes(shape: ModelShape, compute: str, placement: Placement) -> float:
-    """FSDP all-gathers one layer (and prefetches the next) in the compute dtype."""
-    return 2 * dtype_bytes(compute) * shape.layer_parameters if placement.fsdp and placement.world_size > 1 else 0.0
+    """The decoder layer FSDP2 has unsharded, in the compute dtype: on several ranks its all-gather output
+    and the parameters copied out of it (the output is freed after the next layer's copy-out); on one rank
+    the parameters alone (copied straight from the shard, no collective)."""
+    if not placement.fsdp:
+        return 0.0
+    return (2 if placement.world_size > 1 else 1) * dtype_bytes(compute) * shape.layer_parameters
+
+
+def root_group_parameters(shape: ModelShape, head: str) -> int:
+    """Parameters outside the decoder layers: the embedding, the final norm and the head, which
+    `rlhf.workers.fsdp.shard_model` leaves to the root's `fully_shard` (FSDP2's root group)."""
+    return shape.parameters(head) - shape.layers * shape.layer_parameters
+
+
+def fsdp_root_terms(shape: ModelShape, head: str, dtype: str, placement: Placement, label: str = "") -> list[Term]:
+    """FSDP2's root group gathered: the embedding, final norm and head unsharded in the compute dtype.
+
+    `fully_shard(model)` without `reshard_after_forward` leaves the root unsharded after its forward
+    (FSDP2's default for the root: backward needs it at once), so the gathered parameters stay until
+    the end of the next backward: through a trained model's generation, no-grad forwards and update
+    (not its optimizer step), and for good in a frozen model (reference, reward), which runs no
+    backward. A tied LM head is the embedding: counted once. On one rank too (a copy of the shard)."""
+    if not placement.fsdp:
+        return []
+    prefix = f"{label} " if label else ""
+    return [Term(f"{prefix}FSDP root group gathered: embedding/head ({dtype})",
+                 dtype_bytes(dtype) * root_group_parameters(shape, head))]
+
+
+def fsdp_forward_start_terms(shape: ModelShape, head: str, compute: str, placement: Placement) -> list[Term]:
+    """Besides the gathered root, at the start of the first forward that gathers it on several ranks: the
+    root's all-gather output (FSDP2 frees it only after the next group's copy-out, the first layer's,
+    to overlap the two) and that layer gathered. One rank gathers without a buffer: nothing."""
+    if not (placement.fsdp and placement.world_size > 1):
+        return []
+    return [Term("FSDP root all-gather buffer (until the first layer is gathered)",
+                 dtype_bytes(compute) * root_group_parameters(shape, head)),
+            Term("FSDP gathered layers", _gathered_layer_bytes(shape, compute, placement))]
+
+
+def largest(*moments: list[Term]) -> list[Term]:
+    """The terms of the moment with the most bytes: a phase's peak is one moment, not a sum of all."""
+    return max(moments, key=lambda terms: sum(t.bytes for t in terms))
+
+
+def update_terms(
+    shape: ModelShape, head: str, compute: str, placement: Placement, device: list[Term], activations: list[Term],
+    micro_batches: int, label: str = "", frozen_base: bool = False, blocks: list[Term] | None = None,
+    late_backward: list[Term] | None = None, recomputed: list[Term] | None = None,
+) -> list[Term]:
+    """An update's peak: the largest of its moments, on top of a trained model's `device` terms (whose
+    gradients exist only from the first backward of an optimizer step on: `ModelTrainer.update` sets them
+    to None at each step's start).
+
+    - the activation peak, the start of a micro-batch's backward: `activations` (saved tensors, logits),
+      under FSDP the root group gathered, and either the log-prob kernel's `blocks` (its backward) or,
+      made right after them, the LM head's gradient (the other gradients only if an earlier micro-batch
+      of the step made them; under FSDP the head's is unsharded in the compute dtype until the
+      reduce-scatter at the end of backward);
+    - under FSDP, the end of backward: every gradient, the root still gathered, and its unsharded
+      gradients before their reduce-scatter: the embedding's and the LM head's (a tied head's are summed
+      into one, after both exist); without FSDP a tied embedding's own gradient beside the head's;
+    - the optimizer step: every gradient and AdamW's temporaries (the root is resharded by then);
+    - under FSDP on several ranks, the start of a micro-batch's forward (`fsdp_forward_start_terms`).
+
+    `frozen_base`: an adapter trains, the embedding and head do not (no gradient of theirs).
+    `late_backward`: what a later moment of the backward holds instead of `activations`
+    (`shared_prefix_backward_terms`). `recomputed`: with gradient checkpointing, the layers' inputs
+    and one layer recomputed, which recur in every layer's backward up to the first layer's, when
+    nearly every gradient exists (the logits are freed by then; under FSDP the head's unsharded
+    gradient is not).
+    """
+    grads = [t for t in device if t.name.endswith("gradients (fp32)")]
+    rest = [t for t in device if t not in grads]
+    earlier = grads if micro_batches > 1 else []
+    root = fsdp_root_terms(shape, head, compute, placement, label)
+    head_elements = shape.vocab * shape.hidden if head == "lm" and not frozen_base else 0
+    if frozen_base:
+        head_grad, end = [], []
+    elif placement.fsdp:
+        head_grad = [Term("LM head gradient, unsharded (before its reduce-scatter)",
+                          dtype_bytes(compute) * head_elements)] if head_elements else []
+        end = [Term("FSDP root group gradients, unsharded: embedding/head",
+                    dtype_bytes(compute) * (shape.vocab * shape.hidden + head_elements))]
+    else:
+        head_grad = [Term("LM head gradient (fp32)", 4 * head_elements)] if head_elements and not earlier else []
+        tied = head_elements and shape.tied_embeddings
+        end = [Term("tied embedding's own gradient (before it is added to the head's)", 4 * head_elements)] \
+            if tied else []
+    moments = [rest + earlier + root + activations + largest(blocks or [], head_grad),
+               device + optimizer_step_terms(shape, head, placement)]
+    if end and not placement.cpu_offload:
+        moments.append(device + root + end)
+    if placement.fsdp:
+        moments.append(rest + earlier + root + fsdp_forward_start_terms(shape, head, compute, placement))
+    if late_backward:
+        moments.append(rest + earlier + root + late_backward)
+    if recomputed:
+        moments.append(device + root + (head_grad if placement.fsdp else []) + recomputed)
+    return largest(*moments)
 
 
 def training_activation_terms(
@@ -305,19 +415,30 @@ def training_activation_terms(
     return terms
 
 
-def logit_terms(
-    shape: ModelShape, rows: int, positions: int, compute: str, fused: bool, train: bool, device: str,
-    block_elements: int | None = None, temperature_copy: bool = True,
+def log_prob_block_terms(
+    shape: ModelShape, rows: int, positions: int, train: bool, device: str, block_elements: int | None = None,
+    temperature_copy: bool = True,
 ) -> list[Term]:
-    """The LM head's share: logits of `positions` response positions per row (the last position
-    too, as `logits_to_keep` keeps it), their gradients when training, and the float32 blocks.
-    Fused (`rlhf.algos.linear_log_probs_and_entropy`): blocks only, and in training on a CPU the
-    float32 logits it keeps for backward (`PolicyWorker.keep_logits`)."""
+    """The float32 blocks of the log-prob/entropy kernel (`rlhf.algos.logprobs`): up to 3 blocks of
+    `block_rows` x V in training, 1 (2 with the temperature's copy) without gradients."""
     budget = block_elements or (GPU_BLOCK_ELEMENTS if device == "cuda" else CPU_BLOCK_ELEMENTS)
     tokens = rows * positions
     block = max(1, min(budget // max(shape.vocab, 1), math.ceil(tokens / 4))) * shape.vocab * 4
-    blocks = (3 if train else (1 + temperature_copy)) * block
-    terms = [Term("log-prob blocks (fp32)", blocks)]
+    return [Term("log-prob blocks (fp32)", (3 if train else (1 + temperature_copy)) * block)]
+
+
+def logit_terms(
+    shape: ModelShape, rows: int, positions: int, compute: str, fused: bool, train: bool, device: str,
+    block_elements: int | None = None, temperature_copy: bool = True, with_blocks: bool = True,
+) -> list[Term]:
+    """The LM head's share: logits of `positions` response positions per row (the last position
+    too, as `logits_to_keep` keeps it), their gradients when training, and the float32 blocks
+    (`log_prob_block_terms`; `with_blocks=False`: without them). Fused
+    (`rlhf.algos.linear_log_probs_and_entropy`): blocks only, and in training on a CPU the
+    float32 logits it keeps for backward (`PolicyWorker.keep_logits`)."""
+    terms = log_prob_block_terms(shape, rows, positions, train, device, block_elements, temperature_copy) \
+        if with_blocks else []
+    tokens = rows * positions
     if fused:
         if train and device != "cuda":
             terms.insert(0, Term(f"kept logits ({rows}x{positions}x{shape.vocab}, fp32)", tokens * shape.vocab * 4))
@@ -349,20 +470,32 @@ def generation_terms(
     b = dtype_bytes(compute)
     columns = prompt_tokens + new_tokens
     kv_token = 2 * shape.layers * shape.kv * b
-    terms = [
-        Term(f"KV cache ({rows} rows x {columns} tokens)", kv_token * rows * columns),
-        Term(f"prompt prefill ({prompts}x{prompt_tokens} tokens)",
-             kv_token * prompts * prompt_tokens
-             + _layer_transient_elements(shape, prompt_tokens) * prompts * prompt_tokens * b),
-    ]
-    if not lean:
-        pass
-    elif placement.fsdp and placement.world_size > 1 or compute != storage:
-        terms.append(Term(f"decoder weights ({compute}, gathered)", b * shape.parameters("lm")))
+    prefill_cache = kv_token * prompts * prompt_tokens
+    # the prompts' prefill (its forward's transients) comes before the decoding cache exists
+    prefill = [Term(f"prompt prefill ({prompts}x{prompt_tokens} tokens)", prefill_cache
+                    + _layer_transient_elements(shape, prompt_tokens) * prompts * prompt_tokens * b)]
+    terms = [Term(f"KV cache ({rows} rows x {columns} tokens)", kv_token * rows * columns)]
+    gathered = _gathered_layer_bytes(shape, compute, placement)
+    if gathered:  # the prefill's forward; without the lean decoder every step's too
+        prefill.append(Term("FSDP gathered layers", gathered))
+    if not lean:  # the prefill's cache is expanded to the rows (and freed), then grows a column per step
+        if gathered:
+            terms.append(Term("FSDP gathered layers", gathered))
     else:
+        terms.append(Term(f"prompt prefill's cache ({prompts}x{prompt_tokens} tokens, copied into the decoder's)",
+                          prefill_cache))
+        # the lean decoder reads every weight once (`rlhf.rollout.lean_decoder._full`), keeping what it
+        # read until its fused q/k/v and gate/up copies are made: the layers' shards all-gathered (several
+        # ranks) or cast to the compute dtype are new tensors; under FSDP the embedding and head are the
+        # root group's gathered parameters, read in place
+        layers = shape.layers * shape.layer_parameters
+        if placement.fsdp and placement.world_size > 1 or compute != storage:
+            outside = 0 if placement.fsdp else shape.parameters("lm") - layers
+            kind = "gathered" if placement.fsdp and placement.world_size > 1 else "cast"
+            terms.append(Term(f"decoder weights ({compute}, {kind})", b * (layers + outside)))
         terms.append(Term("decoder's fused q/k/v and gate/up weights", b * shape.fused_projection_parameters))
     terms.append(Term(f"sampling temporaries ({rows}x{shape.vocab} fp32)", 6 * rows * shape.vocab * 4))
-    return terms
+    return largest(terms, prefill)
 
 
 def _act_bytes(compute: str) -> float:
@@ -397,6 +530,15 @@ def shared_prefix_training_terms(
         Term("final norm and rotary tables", ((2 * shape.hidden + 1) * rows * r * b
                                               + 2 * shape.head_dim * (prompts * p + rows * r) * 4)),
     ]
+
+
+def shared_prefix_backward_terms(prompt_pass: Term, trained_parameters: int) -> list[Term]:
+    """The end of a shared-prefix micro-batch's response pass backward: the prompt pass's activations
+    (`prompt_pass`, from `shared_prefix_training_terms`) and the response pass's gradient of every trained
+    weight (float32), which autograd holds in its input buffers until the prompt pass's backward reaches
+    the same weight and adds its own (both passes run through the same parameters)."""
+    return [prompt_pass, Term("response pass weight gradients (fp32), held until the prompt pass's are added",
+                              4 * trained_parameters)]
 
 
 def shared_prefix_forward_terms(

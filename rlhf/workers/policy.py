@@ -13,6 +13,7 @@ trainer runs (docs/rollout_engines.md). One instance runs per data-parallel rank
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable
 
@@ -38,8 +39,9 @@ from rlhf.io.atomic import atomic_write_dir
 from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
 from rlhf.workers.memory import (
     MemoryEstimate, Placement, Term, Workload, between_updates, estimate, forward_terms, frozen_model_terms,
-    generation_terms, logit_terms, micro_batch, model_shape, optimizer_step_terms, shared_prefix_forward_terms,
-    shared_prefix_training_terms, trained_model_terms, training_activation_terms,
+    fsdp_forward_start_terms, fsdp_root_terms, generation_terms, largest, log_prob_block_terms, logit_terms,
+    micro_batch, model_shape, shared_prefix_backward_terms, shared_prefix_forward_terms,
+    shared_prefix_training_terms, trained_model_terms, training_activation_terms, update_terms,
 )
 from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
@@ -292,6 +294,8 @@ class PolicyWorker(PublishesWeights):
             if not on_gpu:  # vLLM's CPU build cannot sleep: its share stays through the update
                 device = device + vllm_share
         fsdp = placement.fsdp
+        # a trained actor's FSDP root group stays gathered from its first forward to the end of its backward
+        root = fsdp_root_terms(shape, head, compute, placement, "actor") if trained else []
         shared_prefix = arguments.get("shared_prefix")
         if shared_prefix is None:
             shared_prefix = not fsdp and not training.gradient_checkpointing
@@ -310,7 +314,8 @@ class PolicyWorker(PublishesWeights):
                                        lean=lean)
             else:
                 gen = vllm_share if on_gpu else []
-            phases.append(("generation", between_updates(device) + gen))
+            start = fsdp_forward_start_terms(shape, head, compute, placement) if shares else []
+            phases.append(("generation", between_updates(device) + (root if shares else []) + largest(gen, start)))
         rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
                                   training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
         prompts = max(1, rows // n)
@@ -318,21 +323,27 @@ class PolicyWorker(PublishesWeights):
             fwd = shared_prefix_forward_terms(shape, rows, prompts, p, r, compute)
         else:
             fwd = forward_terms(shape, rows, width, compute, placement)
-        phases.append(("log-probs (no grad)", between_updates(device) + fwd + logit_terms(shape, rows, r, compute, fused, False,
-                                                                         placement.device, blocks)))
+        fwd = fwd + logit_terms(shape, rows, r, compute, fused, False, placement.device, blocks)
+        phases.append(("log-probs (no grad)", between_updates(device) + root
+                       + largest(fwd, fsdp_forward_start_terms(shape, head, compute, placement))))
         if trained:
             mini = max(1, workload.rows // max(1, workload.mini_batches))
             rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size,
                                       training.max_tokens_per_micro_batch)
+            late = None
             if shared_prefix and n > 1:
                 acts = shared_prefix_training_terms(shape, rows, max(1, rows // n), p, r, compute)
+                if not adapter:  # an adapter's gradients are a small fraction of the base
+                    late = shared_prefix_backward_terms(acts[0], shape.parameters(head))
             else:
                 acts = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing,
                                                  placement)
-            backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device, blocks)
-            step = optimizer_step_terms(shape, head, placement)
-            worst = backward if sum(t.bytes for t in backward) >= sum(t.bytes for t in step) else step
-            phases.append(("update", device + worst))
+            backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device, blocks,
+                                          with_blocks=False)
+            phases.append(("update", update_terms(
+                shape, head, compute, placement, device, backward, math.ceil(mini / rows), "actor",
+                frozen_base=adapter, blocks=log_prob_block_terms(shape, rows, r, True, placement.device, blocks),
+                late_backward=late, recomputed=acts if training.gradient_checkpointing else None)))
         return estimate("policy", phases, host)
 
     @staticmethod

@@ -25,7 +25,8 @@ from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.memory import (
-    MemoryEstimate, Placement, Term, Workload, dtype_bytes, estimate, forward_terms, frozen_model_terms, model_shape,
+    MemoryEstimate, Placement, Term, Workload, dtype_bytes, estimate, forward_terms, frozen_model_terms,
+    fsdp_forward_start_terms, largest, model_shape,
 )
 from rlhf.workers.dispatch import shard
 from rlhf.workers.training import ModelTrainer, TrainingSetup
@@ -111,8 +112,9 @@ class RewardModelWorker:
         rows = min(training.micro_batch_size, max(1, workload.rows))
         width = min(arguments.get("max_length") or workload.tokens, workload.tokens + 32)
         hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
-        return estimate("reward_model", [("score (no grad)", device + forward_terms(shape, rows, width, compute,
-                                                                                    placement) + [hidden])])
+        forward = forward_terms(shape, rows, width, compute, placement) + [hidden]
+        start = fsdp_forward_start_terms(shape, "score", compute, placement)  # its first forward gathers the root
+        return estimate("reward_model", [("score (no grad)", device + largest(forward, start))])
 
     @staticmethod
     def preflight(arguments: dict) -> None:

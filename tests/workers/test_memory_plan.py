@@ -17,6 +17,7 @@ from rlhf.workers.critic import CriticWorker
 from rlhf.workers.memory import ModelShape, Placement, Workload
 from rlhf.workers.memory_probe import PeakMemory
 from rlhf.workers.policy import PolicyWorker
+from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
 
 ROOT = Path(__file__).parents[2]
@@ -93,6 +94,56 @@ def test_fewer_rows_per_generate_call_shrink_the_kv_cache():
                                          work, Placement("cuda", 8, fsdp=True))
     kv = lambda e: next(t.bytes for t in e.phase("generation").terms if t.name.startswith("KV cache"))  # noqa: E731
     assert kv(capped) == pytest.approx(kv(all_rows) / 4)  # 64 of 256 rows at once
+
+
+SMOLLM2 = ModelShape(vocab=49152, hidden=576, intermediate=1536, layers=30, heads=9, kv_heads=3, head_dim=64,
+                     tied_embeddings=True)
+
+
+def terms_of(phase) -> dict[str, float]:
+    return {t.name: t.bytes for t in phase.terms}
+
+
+def test_fsdp_counts_the_root_group_gathered():
+    # fully_shard on every layer, then the root: the root group is the embedding (= the tied head), the final
+    # norm and the head; FSDP2 keeps it unsharded from a forward to the end of the next backward
+    root = 49152 * 576 + 576
+    assert memory.root_group_parameters(SMOLLM2, "lm") == root
+    assert memory.root_group_parameters(SMOLLM2, "score") == root + 576
+    work = Workload(prompt_tokens=48, response_tokens=16, n=4, rows=8)
+    scorer = lambda placement: RewardModelWorker.predict_memory(  # noqa: E731
+        dict(model_path=SMOLLM2, training=TrainingSetup(strategy="fsdp"), max_length=None), work, placement)
+    one = terms_of(scorer(Placement(fsdp=True)).phase("score (no grad)"))
+    assert one["reward model FSDP root group gathered: embedding/head (float32)"] == 4 * (root + 576)
+    assert not any("all-gather buffer" in name for name in one)  # one rank copies the shard, no collective
+    two = terms_of(scorer(Placement(world_size=2, fsdp=True)).phase("score (no grad)"))
+    assert two["reward model FSDP root group gathered: embedding/head (float32)"] == 4 * (root + 576)
+    # the first forward on two ranks also holds the root's all-gather output until the first layer's copy-out
+    assert two["FSDP root all-gather buffer (until the first layer is gathered)"] == 4 * (root + 576)
+    ddp = terms_of(scorer(Placement()).phase("score (no grad)"))
+    assert not any("FSDP" in name for name in ddp)
+
+    policy = PolicyWorker.predict_memory(policy_arguments(SMOLLM2, strategy="fsdp", max_tokens_per_micro_batch=512),
+                                         work, Placement(world_size=2, fsdp=True))
+    for phase in policy.phases:  # the reference's root for good; the actor's from generation to its backward
+        names = terms_of(phase)
+        assert names["reference FSDP root group gathered: embedding/head (float32)"] == 4 * root
+        assert names["actor FSDP root group gathered: embedding/head (float32)"] == 4 * root
+    # one micro-batch per optimizer step: no gradient exists yet at the activation peak, but the LM head's
+    # (unsharded, before its reduce-scatter)
+    update = terms_of(policy.phase("update"))
+    assert update["LM head gradient, unsharded (before its reduce-scatter)"] == 4 * 49152 * 576
+    assert "actor gradients (fp32)" not in update
+
+
+def test_the_lean_decoder_under_fsdp_reads_the_gathered_root_in_place():
+    work = Workload(prompt_tokens=48, response_tokens=16, n=4, rows=8)
+    two = PolicyWorker.predict_memory(policy_arguments(SMOLLM2, strategy="fsdp"), work,
+                                      Placement(world_size=2, fsdp=True))
+    names = terms_of(two.phase("generation"))
+    # every layer gathered (kept until the fused copies are made), the embedding not copied
+    assert names["decoder weights (float32, gathered)"] == 4 * 30 * SMOLLM2.layer_parameters
+    assert names["decoder's fused q/k/v and gate/up weights"] == 4 * SMOLLM2.fused_projection_parameters
 
 
 def test_critic_has_no_vocabulary_term():
