@@ -136,6 +136,23 @@ def test_fsdp_counts_the_root_group_gathered():
     assert "actor gradients (fp32)" not in update
 
 
+def test_an_update_peaks_at_its_largest_moment():
+    work = Workload(prompt_tokens=48, response_tokens=16, n=4, rows=16)
+    update = lambda budget, **kw: terms_of(PolicyWorker.predict_memory(  # noqa: E731
+        {**policy_arguments(SMOLLM2, strategy="ddp", max_tokens_per_micro_batch=budget), **kw}, work,
+        Placement()).phase("update"))
+    # 16 rows of 64 tokens: a 1,024-token budget takes them in one micro-batch, whose backward starts before
+    # any gradient of the step exists but the LM head's; a 512-token budget's second micro-batch finds them all
+    one, two = update(1024, shared_prefix=False), update(512, shared_prefix=False)
+    assert "actor gradients (fp32)" not in one and one["LM head gradient (fp32)"] == 4 * 49152 * 576
+    assert "actor gradients (fp32)" in two and "LM head gradient (fp32)" not in two
+    # a shared-prefix micro-batch (one prompt, four samples): autograd holds the response pass's gradient of
+    # every weight until the prompt pass adds its own, which outweighs its small activations
+    shared = update(256, shared_prefix=True)
+    assert shared["response pass weight gradients (fp32), held until the prompt pass's are added"] == \
+        4 * SMOLLM2.parameters()
+
+
 def test_the_lean_decoder_under_fsdp_reads_the_gathered_root_in_place():
     work = Workload(prompt_tokens=48, response_tokens=16, n=4, rows=8)
     two = PolicyWorker.predict_memory(policy_arguments(SMOLLM2, strategy="fsdp"), work,
