@@ -384,7 +384,7 @@ def update_terms(
             if tied else []
     moments = [rest + earlier + root + activations + largest(blocks or [], head_grad),
                device + optimizer_step_terms(shape, head, placement)]
-    if end and not placement.cpu_offload:
+    if end:
         moments.append(device + root + end)
     if placement.fsdp:
         moments.append(rest + earlier + root + fsdp_forward_start_terms(shape, head, compute, placement))
