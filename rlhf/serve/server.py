@@ -83,6 +83,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "<tool_call>{json}</tool_call>, Qwen2.5 and most tool-tuned models; pythonic: add(1, 2) lines; "
         "code_block: a ```python block calls a `python` tool). Default: requests with tools are refused",
     )
+    parser.add_argument(
+        "--chat-template", metavar="FILE",
+        help="a Jinja chat template to render chat requests with instead of the model's own (e.g. one that "
+        "renders `tools` for a model whose template ignores them)",
+    )
     parser.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument(
@@ -103,23 +108,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.torch_threads)
     if not _is_loopback(args.host) and not args.api_key:
         log.warning("serving on %s without an API key: anyone who can reach it can use it", args.host)
+    app = app_from_args(args)
+    log.info("serving %s as %r on http://%s:%d/v1", args.model, app.state.model_name, args.host, args.port)
+    uvicorn.run(
+        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
+        timeout_keep_alive=args.timeout_keep_alive,
+    )
+    return 0
+
+
+def app_from_args(args: argparse.Namespace) -> FastAPI:
+    """The app the flags describe: the engine loaded, its chat template, sessions and tool parser set."""
     limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)})
     try:
         engine = load_engine(args)
     except (ModelNotFoundError, ValueError, ImportError) as err:  # no such folder (or adapter base); no chat template; no peft
         raise SystemExit(f"error: {err}") from None
+    if args.chat_template:
+        try:
+            engine.tokenizer.chat_template = Path(args.chat_template).expanduser().read_text()
+        except OSError as err:
+            raise SystemExit(f"error: --chat-template {args.chat_template}: {err.strerror}") from None
     name = args.served_model_name or args.model
     aliases = [args.model, str(Path(args.model).expanduser().resolve()), Path(args.model).name]
     sessions = SessionStore(engine.tokenizer, engine.eos_token_ids, args.max_sessions) if args.sessions else None
     tool_parser = TOOL_CALL_PARSERS[args.tool_call_parser]() if args.tool_call_parser else None
     app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases, sessions=sessions,
                     tool_parser=tool_parser)
-    log.info("serving %s as %r on http://%s:%d/v1", args.model, name, args.host, args.port)
-    uvicorn.run(
-        app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
-        timeout_keep_alive=args.timeout_keep_alive,
-    )
-    return 0
+    app.state.model_name = name
+    return app
 
 
 def load_engine(args: argparse.Namespace):

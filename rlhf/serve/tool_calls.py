@@ -52,8 +52,8 @@ def check_template_renders_tools(renderer: ChatRenderer, messages: Sequence[Mapp
     plain = ChatRenderer(renderer.tokenizer, eos_token_ids=list(renderer.eos_token_ids))
     if renderer.text(messages, generation_prompt=True) == plain.text(messages, generation_prompt=True):
         raise ApiError(400, "This model's chat template ignores `tools`, so the model would never see them. Describe "
-                       "the tools in a system message and send the request without `tools`, or serve the model "
-                       "with a chat template that renders tools.", param="tools", code="unsupported_parameter")
+                       "the tools in a system message and send the request without `tools`, or restart the server "
+                       "with `--chat-template FILE`, a template that renders tools.", param="tools", code="unsupported_parameter")
 
 
 @dataclasses.dataclass(frozen=True)
