@@ -10,8 +10,9 @@ between them independently, so only the stretches that hold a content are tokeni
 
 Both shortcuts are taken only where they are exact, and checked:
 - the template must use each message's content only by writing it out, as it is (`{{ ... +
-  message['content'] + ... }}`): never in a test, a filter, a call, a `set` or a filter block
-  (`content_transparent`, on the template's syntax tree), so no content can change the rest;
+  message['content'] + ... }}`): never in a filter, a call, a `set`, a filter block or a test other
+  than its type or its emptiness (`content_use`, on the template's syntax tree), so no content can
+  change the rest (rows with an empty content go the per-row way where the template tests emptiness);
 - a shape is spliced only if, for probe contents chosen to expose content-dependent templates
   and tokenizers (whitespace at the ends, empty strings, unicode, `<think>` tags, the
   tokenizer's own special tokens), and for the first real row of that shape in each call, the
@@ -47,31 +48,48 @@ TYPE_TESTS = {"string", "defined", "undefined", "none", "mapping", "iterable", "
 BLOCKS = (nodes.FilterBlock, nodes.AssignBlock, nodes.Macro, nodes.CallBlock)  # whose output may be transformed
 
 
-def content_transparent(template: str) -> bool:
-    """Whether `template` uses message contents only by writing them out unchanged: every `x.content` /
-    `x['content']` sits in an output tag, joined by `+` or `~` at most, outside filter, set, macro and call
-    blocks, or is only type-tested (`is string`). Then the render is the same text around any contents."""
+def content_use(template: str) -> tuple[bool, bool]:
+    """(transparent, tests_emptiness) for `template`. Transparent: it uses message contents only by writing
+    them out unchanged (every `x.content` / `x['content']` in an output tag, joined by `+` or `~` at
+    most, outside filter, set, macro and call blocks), or type-tests them (`is string`), or tests them for
+    emptiness (`{% if message.content %}`, as Qwen2.5's does; then `tests_emptiness`). A transparent
+    template renders the same text around any non-empty contents (around any contents without emptiness
+    tests)."""
     try:
         tree = ImmutableSandboxedEnvironment().parse(template)
     except TemplateError:
-        return False
+        return False, False
+    emptiness = False
 
     def is_content(node: nodes.Node) -> bool:
         return (isinstance(node, nodes.Getattr) and node.attr == "content") or (
             isinstance(node, nodes.Getitem) and isinstance(node.arg, nodes.Const) and node.arg.value == "content")
 
+    def is_truth_test(node: nodes.Node) -> bool:
+        return is_content(node) or (isinstance(node, nodes.Not) and is_content(node.node))
+
     def ok(node: nodes.Node, written: bool, blocked: bool) -> bool:
+        nonlocal emptiness
         if is_content(node):
             return written and not blocked
         if isinstance(node, nodes.Test) and node.name in TYPE_TESTS and is_content(node.node):
             return True
         if isinstance(node, nodes.Output):
             return all(ok(child, True, blocked) for child in node.nodes)
+        if isinstance(node, (nodes.If, nodes.CondExpr)) and is_truth_test(node.test):
+            emptiness = True
+            return all(ok(child, False, blocked) for child in node.iter_child_nodes() if child is not node.test)
         keeps = isinstance(node, (nodes.Add, nodes.Concat)) and written
         blocked = blocked or isinstance(node, BLOCKS)
         return all(ok(child, keeps, blocked) for child in node.iter_child_nodes())
 
-    return ok(tree, False, False)
+    transparent = ok(tree, False, False)
+    return transparent, emptiness and transparent
+
+
+def content_transparent(template: str) -> bool:
+    """Whether `template` renders the same text around any non-empty contents (see `content_use`)."""
+    return content_use(template)[0]
 
 
 def marker(index: int) -> str:
@@ -119,9 +137,9 @@ class ChatSplicer:
             else None
         self.plans: dict[tuple[str, ...], Plan | None] = {}
         try:
-            self.transparent = content_transparent(tokenizer.get_chat_template())
+            self.transparent, self.tests_emptiness = content_use(tokenizer.get_chat_template())
         except (ValueError, TypeError, AttributeError):  # no (single) template: the per-row path says why
-            self.transparent = False
+            self.transparent, self.tests_emptiness = False, False
         self.checked: set[tuple[str, ...]] = set()  # shapes checked on a real row in this call
         self.added = self._added_tokens()
         edges = [(t[:j], t[j:]) for t in (self.added or ()) for j in range(1, len(t))]
@@ -156,8 +174,9 @@ class ChatSplicer:
         unrendered: list[int] = []
         for i, messages in enumerate(conversations):
             shape = shape_of(messages)
-            plan = self.plan(shape, messages) if shape is not None else None
-            contents = [m["content"] for m in messages] if plan is not None else []
+            contents = [m["content"] for m in messages] if shape is not None else []
+            spliceable = shape is not None and not (self.tests_emptiness and "" in contents)
+            plan = self.plan(shape, messages) if spliceable else None
             if plan is None or any(MARK_OPEN in c or MARK_CLOSE in c for c in contents):
                 unrendered.append(i)
             elif plan.pieces is not None and self.safe_edges(contents):
@@ -217,7 +236,7 @@ class ChatSplicer:
 
     def _probes(self, shape: tuple[str, ...]) -> list[list[dict]]:
         specials = [t for t in (self.added or getattr(self.tokenizer, "all_special_tokens", []))][:8]
-        contents = [*PROBES, *specials, *(f"a{t}b" for t in specials)]
+        contents = [c for c in (*PROBES, *specials, *(f"a{t}b" for t in specials)) if c or not self.tests_emptiness]
         return [[{"role": r, "content": contents[(j + k) % len(contents)]} for k, r in enumerate(shape)]
                 for j in range(len(contents))]
 

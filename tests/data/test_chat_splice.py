@@ -4,11 +4,12 @@
 import copy
 
 import pytest
+from chat_templates import DROPS_REASONING_TEMPLATE, QWEN25_TEMPLATE
 from helpers import tiny_model_path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rlhf.data.chat_splice import MARK_OPEN, ChatSplicer, content_transparent
+from rlhf.data.chat_splice import MARK_OPEN, ChatSplicer, content_transparent, content_use
 from rlhf.data.generators import countdown_rows, gsm8k_like_rows
 from rlhf.data.tokenize import chat_prompt_ids, chat_prompt_ids_batch
 from rlhf.models.loading import load_tokenizer
@@ -64,6 +65,20 @@ def test_templates_that_change_contents_fall_back_to_rendering_each_row(tiny_tok
     splicer = ChatSplicer(tok)
     splicer.ids(rows)
     assert splicer.plans[("user",)] is None
+
+
+@pytest.mark.parametrize("template, spliced", [(QWEN25_TEMPLATE, True), (DROPS_REASONING_TEMPLATE, False)])
+def test_published_templates_give_the_per_row_ids(tiny_tok, template, spliced):
+    """Qwen2.5's tests a content for emptiness (rows with an empty content go per row); the Qwen3-like
+    one rewrites contents (every row goes per row)."""
+    tok = copy.deepcopy(tiny_tok)
+    tok.chat_template = template
+    rows = conversations()
+    assert chat_prompt_ids_batch(tok, rows) == [chat_prompt_ids(tok, r) for r in rows]
+    splicer = ChatSplicer(tok)
+    splicer.ids(rows)
+    assert (splicer.plans.get(("user",)) is not None) == spliced
+    assert content_use(template) == ((True, True) if spliced else (False, False))
 
 
 def test_content_transparent_reads_the_template():
