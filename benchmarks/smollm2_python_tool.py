@@ -40,8 +40,12 @@ def main() -> int:
     parser.add_argument("--sft-lr", type=float, default=None, help="SFT learning rate (default: the recipe's)")
     parser.add_argument("--grpo-steps", type=int, default=None, help="GRPO steps (default: the recipe's)")
     parser.add_argument("--grpo-lr", type=float, default=None, help="GRPO learning rate (default: the recipe's)")
+    parser.add_argument("--grpo-temperature", type=float, default=None,
+                        help="GRPO's sampling temperature (default: the recipe's)")
     parser.add_argument("--samples-per-prompt", type=int, default=None, help="GRPO group size (default: the recipe's)")
     parser.add_argument("--heldout", type=int, default=None, help="held-out problems (default: the recipe's)")
+    parser.add_argument("--no-untuned", action="store_true", help="skip the untuned model's evaluation (0%%: see the "
+                        "recipe's docstring) to save its minutes")
     parser.add_argument("--sft-only", action="store_true",
                         help="only the warm start and its held-out accuracy (no untuned evaluation, no GRPO): "
                              "to pick a warm start quickly")
@@ -52,7 +56,7 @@ def main() -> int:
     common.local(graph)
     common.quiet(graph)
     sft, grpo = graph.stages["sft"], graph.stages["grpo"]
-    sft.val_before_train = not args.sft_only  # the untuned model's accuracy with the tool, logged at step 0
+    sft.val_before_train = not (args.sft_only or args.no_untuned)  # the untuned model's accuracy with the tool, logged at step 0
     if args.sft_steps is not None:
         sft.total_steps = args.sft_steps
     if args.sft_lr is not None:
@@ -61,6 +65,8 @@ def main() -> int:
         grpo.total_steps = args.grpo_steps
     if args.grpo_lr is not None:
         grpo.policy.worker.optimizer.lr = args.grpo_lr
+    if args.grpo_temperature is not None:
+        grpo.sampling.temperature = args.grpo_temperature
     if args.samples_per_prompt is not None:
         grpo.sampling.n = args.samples_per_prompt
     if args.heldout is not None:
@@ -91,7 +97,8 @@ def main() -> int:
         "settings": {"sft_only": args.sft_only, "sft_steps": sft.total_steps, "sft_lr": sft.policy.worker.optimizer.lr,
                      "sft_batch_size": sft.batch_size, "sft_demonstrations": sft.data.rows.rows.n,
                      "grpo_steps": grpo.total_steps, "grpo_lr": grpo.policy.worker.optimizer.lr,
-                     "prompts_per_step": grpo.prompts_per_step, "samples_per_prompt": grpo.sampling.n,
+                     "grpo_temperature": grpo.sampling.temperature, "prompts_per_step": grpo.prompts_per_step,
+                     "samples_per_prompt": grpo.sampling.n,
                      "heldout_problems": grpo.evaluator.dataset.rows.n},
         "eval_curves": curves,
         "grpo_curves": {name: metric_values(repo, results["grpo"]["run_hash"], name) for name in GRPO_CURVES}
