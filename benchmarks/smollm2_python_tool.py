@@ -8,6 +8,9 @@ untuned model, after SFT and after GRPO, tool calls per conversation at each poi
 wall time and the load average. Loads the real model (~5 GB).
 
     OMP_NUM_THREADS=1 python benchmarks/smollm2_python_tool.py   # 11-30 min on 1 thread, by load
+    # GRPO's own gain: a partial warm start (59% held-out), then GRPO to 100% (docs/agents.md)
+    OMP_NUM_THREADS=1 python benchmarks/smollm2_python_tool.py --no-untuned --sft-steps 1 --sft-lr 4e-5 \
+        --heldout 64 --grpo-steps 6 --grpo-lr 2e-5 --grpo-temperature 0.7
 """
 
 from __future__ import annotations
@@ -56,7 +59,7 @@ def main() -> int:
     common.local(graph)
     common.quiet(graph)
     sft, grpo = graph.stages["sft"], graph.stages["grpo"]
-    sft.val_before_train = not (args.sft_only or args.no_untuned)  # the untuned model's accuracy with the tool, logged at step 0
+    sft.val_before_train = not (args.sft_only or args.no_untuned)  # the untuned model's accuracy, logged at step 0
     if args.sft_steps is not None:
         sft.total_steps = args.sft_steps
     if args.sft_lr is not None:
