@@ -1,7 +1,7 @@
 """RayRuntime's workers run at the driver's priority, with one torch thread per CPU they were given.
 
-Ray renices its workers by 15 by default; then any other process on the machine (even one at nice 19)
-outweighs them, and with one group per core (asynchronous rollout) both groups ran 1.5-2x slower.
+Ray renices its workers by 15 by default: the driver and any other process on their cores (even one at
+nice 19 takes 30% of a shared core) then outweigh the processes doing the run's work.
 """
 
 import os
