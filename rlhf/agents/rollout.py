@@ -99,9 +99,19 @@ class AgentRollout:
         fallback_prompts = [ids[m.bool()].tolist() for ids, m in zip(prompts["input_ids"], prompts["attention_mask"])]
         fallback_prompts = [p for p in fallback_prompts for _ in range(sampling.n)]
         start = time.perf_counter()
-        trajectories, env_seconds = _run(self._conversations(generate, rows, fallback_prompts, sampling))
+        versions: list[int] = []  # the policy versions of the weights that generated the turns (async rollout)
+
+        def generate_turn(batch: Batch, turn: SamplingParams) -> Batch:
+            out = generate(batch, turn)
+            if "policy_version" in out:
+                versions.extend(out["policy_version"].tolist())
+            return out
+
+        trajectories, env_seconds = _run(self._conversations(generate_turn, rows, fallback_prompts, sampling))
         batch = trajectory_batch(trajectories, rows, self.tokenizer.pad_token_id, sampling.logit_temperature,
                                  self.max_response_tokens)
+        if versions:  # the oldest weights any turn came from: what staleness is counted against
+            batch["policy_version"] = torch.full((len(batch),), min(versions), dtype=torch.int64)
         metrics = agent_metrics(trajectories)
         metrics["timing_s/env"] = env_seconds
         metrics["timing_s/agent_loop"] = time.perf_counter() - start

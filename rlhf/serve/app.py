@@ -30,12 +30,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from rlhf.agents.parsers import ToolCallParser
+from rlhf.agents.trajectory import ChatRenderer
 from rlhf.data.tokenize import chat_prompt_ids
 from rlhf.rollout.engine import RolloutEngine
 from rlhf.serve.completion import Completion
 from rlhf.serve.gateway import SessionStore
 from rlhf.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
+from rlhf.serve.tool_calls import AssistantMessage, assistant_message, check_template_renders_tools, request_tools
 
 log = logging.getLogger("rlhf.serve")
 
@@ -61,6 +64,7 @@ def build_app(
     api_key: str | None = None,
     model_aliases: Sequence[str] = (),
     sessions: SessionStore | None = None,  # gateway mode: record trajectories under /sessions/{id}/v1 (rlhf.serve.gateway)
+    tool_parser: ToolCallParser | None = None,  # serves `tools=`: reads the model's calls (rlhf.serve.tool_calls)
 ) -> FastAPI:
     """An app serving `engine` as model `model_name` (requests may also name one of `model_aliases`)."""
     scheduler = BatchScheduler(
@@ -230,11 +234,20 @@ def build_app(
     async def chat_completions(request: Request):
         req = parse_request(ChatCompletionRequest, await read_json(request))
         check_model(req.model)
+        tools = request_tools(req, tool_parser)
+        messages = [m.template_dict() for m in req.messages]
         try:
-            prompt = chat_prompt_ids(tokenizer, [m.template_dict() for m in req.messages])
+            if tools:
+                renderer = ChatRenderer(tokenizer, tools=tools, eos_token_ids=engine.eos_token_ids)
+                check_template_renders_tools(renderer, messages)
+                prompt = renderer.encode(renderer.text(messages, generation_prompt=True))
+            else:
+                prompt = chat_prompt_ids(tokenizer, messages)
+        except ApiError:
+            raise
         except Exception as err:  # the model's chat template rejected the messages
             raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
-        return await chat_reply(req, prompt, await chat_choices(req, prompt))
+        return await chat_reply(req, prompt, await chat_choices(req, prompt), tools)
 
     async def chat_choices(req: ChatCompletionRequest, prompt: list[int]) -> list[Completion]:
         requested = req.max_completion_tokens or req.max_tokens
@@ -242,19 +255,25 @@ def build_app(
         limit = max_tokens(requested, [prompt], limits.max_tokens_limit, param, "messages")
         return await run(Job([prompt], max_tokens=limit, **sampling(req)))
 
-    async def chat_reply(req: ChatCompletionRequest, prompt: list[int], choices: list[Completion]):
+    async def chat_reply(req: ChatCompletionRequest, prompt: list[int], choices: list[Completion],
+                         tools: list[dict] | None):
         reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", int(time.time()), model_name)
+        parallel = req.parallel_tool_calls is not False
+        messages = [assistant_message(c.text, tool_parser, tools, parallel) for c in choices]
         if req.stream:
             usage = req.stream_options is not None and bool(req.stream_options.include_usage)
-            return _sse(reply.chat_chunks(choices, bool(req.logprobs), len(prompt), usage, tokenizer))
-        return reply.chat(choices, bool(req.logprobs), len(prompt), tokenizer)
+            return _sse(reply.chat_chunks(choices, messages, bool(req.logprobs), len(prompt), usage, tokenizer))
+        return reply.chat(choices, messages, bool(req.logprobs), len(prompt), tokenizer)
 
     if sessions is not None:
-        _session_routes(app, sessions, v1, read_json, check_model, chat_choices, chat_reply)
+        _session_routes(app, sessions, v1, read_json, check_model, chat_choices, chat_reply, tool_parser)
     return app
 
 
-def _session_routes(app: FastAPI, sessions: SessionStore, v1, read_json, check_model, chat_choices, chat_reply) -> None:
+def _session_routes(
+    app: FastAPI, sessions: SessionStore, v1, read_json, check_model, chat_choices, chat_reply,
+    tool_parser: ToolCallParser | None,
+) -> None:
     """Gateway mode: chat completions recorded per session, and the records (see rlhf.serve.gateway)."""
 
     @app.post("/sessions/{session_id}/v1/chat/completions", dependencies=v1)
@@ -264,16 +283,22 @@ def _session_routes(app: FastAPI, sessions: SessionStore, v1, read_json, check_m
         if req.n != 1:
             raise ApiError(400, "A session records one trajectory per conversation: n must be 1 (send n requests "
                            "in n sessions to sample n conversations).", param="n")
+        tools = request_tools(req, tool_parser)
+        messages = [m.template_dict() for m in req.messages]
         session = sessions.get(session_id)
         async with session.lock:  # one turn at a time: each continues the ids of the last
             try:
-                prompt = sessions.prompt_ids(session, [m.template_dict() for m in req.messages])
+                if tools:
+                    check_template_renders_tools(ChatRenderer(sessions.tokenizer, tools=tools), messages)
+                prompt = sessions.prompt_ids(session, messages, tools)
+            except ApiError:
+                raise
             except Exception as err:  # the chat template rejected the messages
                 raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
             choices = await chat_choices(req, prompt)
             temperature = 1.0 if not req.temperature else req.temperature  # the log-probs' (greedy: 1)
             sessions.record(session, choices[0].token_ids, choices[0].log_probs, temperature)
-        return await chat_reply(req, prompt, choices)
+        return await chat_reply(req, prompt, choices, tools)
 
     @app.get("/sessions/{session_id}", dependencies=v1)
     async def session_record(session_id: str) -> dict:
@@ -384,17 +409,20 @@ class _Reply:
         return {"id": self.id, "object": object, "created": self.created, "model": self.model,
                 "system_fingerprint": None}
 
-    def chat(self, choices: list[Completion], logprobs: bool, prompt_tokens: int, tokenizer) -> dict:
+    def chat(
+        self, choices: list[Completion], messages: list[AssistantMessage], logprobs: bool, prompt_tokens: int,
+        tokenizer,
+    ) -> dict:
         return {
             **self._head("chat.completion"),
             "choices": [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text, "refusal": None},
+                    "message": m.to_dict(),
                     "logprobs": _chat_logprobs(c, tokenizer) if logprobs else None,
-                    "finish_reason": c.finish_reason,
+                    "finish_reason": m.finish_reason_override or c.finish_reason,
                 }
-                for i, c in enumerate(choices)
+                for i, (c, m) in enumerate(zip(choices, messages))
             ],
             "usage": _usage(prompt_tokens, choices),
         }
@@ -417,8 +445,10 @@ class _Reply:
         }
 
     async def chat_chunks(
-        self, choices: list[Completion], logprobs: bool, prompt_tokens: int, usage: bool, tokenizer
+        self, choices: list[Completion], messages: list[AssistantMessage], logprobs: bool, prompt_tokens: int,
+        usage: bool, tokenizer,
     ) -> AsyncIterator[dict]:
+        """A choice's tokens one chunk each; a choice with tool calls as its content, then one chunk per call."""
         head = {**self._head("chat.completion.chunk"), **({"usage": None} if usage else {})}
 
         def chunk(index: int, delta: dict, lp=None, finish_reason=None) -> dict:
@@ -427,12 +457,21 @@ class _Reply:
 
         for i in range(len(choices)):
             yield chunk(i, {"role": "assistant", "content": ""})
+        calling = {i for i, m in enumerate(messages) if m.tool_calls}
         for i, t in _token_order(choices, with_empty=logprobs):
+            if i in calling:
+                continue
             lp = _chat_logprobs(choices[i], tokenizer, t, t + 1) if logprobs else None
             yield chunk(i, {"content": choices[i].pieces[t]}, lp)
             await asyncio.sleep(0)  # let other responses' chunks go out too
-        for i, c in enumerate(choices):
-            yield chunk(i, {}, finish_reason=c.finish_reason)
+        for i in sorted(calling):
+            lp = _chat_logprobs(choices[i], tokenizer) if logprobs else None
+            if messages[i].content or lp:
+                yield chunk(i, {"content": messages[i].content or ""}, lp)
+            for k, call in enumerate(messages[i].tool_calls):
+                yield chunk(i, {"tool_calls": [{"index": k, **call}]})
+        for i, (c, m) in enumerate(zip(choices, messages)):
+            yield chunk(i, {}, finish_reason=m.finish_reason_override or c.finish_reason)
         if usage:
             yield {**head, "choices": [], "usage": _usage(prompt_tokens, choices)}
 

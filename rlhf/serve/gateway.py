@@ -66,14 +66,19 @@ class SessionStore:
     def drop(self, session_id: str) -> bool:
         return self._sessions.pop(session_id, None) is not None
 
-    def prompt_ids(self, session: Session, messages: Sequence[Mapping]) -> list[int]:
-        """The ids to generate from: the session's trajectory continued by the new messages, or a new one."""
+    def prompt_ids(
+        self, session: Session, messages: Sequence[Mapping], tools: Sequence[Mapping] | None = None
+    ) -> list[int]:
+        """The ids to generate from: the session's trajectory continued by the new messages, or a new one
+        (also when the request offers other `tools` than the trajectory's: they are part of its prompt)."""
         messages = [dict(m) for m in messages]
-        if session.trajectories and _continues(session.trajectories[-1].messages, messages):
+        tools = [dict(t) for t in tools] if tools else None
+        if (session.trajectories and session.renderers[-1].tools == tools
+                and _continues(session.trajectories[-1].messages, messages)):
             t, renderer = session.trajectories[-1], session.renderers[-1]
             t.add_messages(renderer, messages[len(t.messages):])
             return t.all_ids
-        renderer = ChatRenderer(self.tokenizer, eos_token_ids=self.eos_token_ids)
+        renderer = ChatRenderer(self.tokenizer, tools=tools, eos_token_ids=self.eos_token_ids)
         session.trajectories.append(Trajectory.start(renderer, messages, self.max_response_tokens))
         session.renderers.append(renderer)
         session.temperatures.append([])

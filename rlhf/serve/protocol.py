@@ -3,14 +3,16 @@
 Requests are pydantic models with `extra="forbid"`: a misspelt or made-up field is a 400,
 as on OpenAI's API. Every field OpenAI documents for `/v1/completions` and
 `/v1/chat/completions` is accepted, so the official client's requests always parse; fields
-that would change the output in a way this server cannot honour (tools, penalties, logit
-bias, top log-probs, audio...) are rejected by `unsupported()` with a 400 that names them,
-rather than silently ignored. Pure bookkeeping fields (`user`, `metadata`, `store`,
+that would change the output in a way this server cannot honour (penalties, logit bias,
+top log-probs, audio...) are rejected by `unsupported()` with a 400 that names them,
+rather than silently ignored. `tools` are served when the server has a tool-call parser
+(rlhf.serve.tool_calls). Pure bookkeeping fields (`user`, `metadata`, `store`,
 `service_tier`, prompt-cache hints...) are accepted and ignored.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -114,11 +116,34 @@ class ChatMessage(_Strict):
     audio: dict[str, Any] | None = None
 
     def template_dict(self) -> dict:
-        """The message as a chat template expects it (text parts joined; developer is system)."""
+        """The message as a chat template expects it: text parts joined, developer as system, tool-call
+        arguments as objects (OpenAI sends them as JSON strings; templates write them with `tojson`)."""
         content = self.content if isinstance(self.content, str) or self.content is None else "".join(
             part.text for part in self.content
         )
-        return {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        message: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        if self.tool_calls:
+            message["tool_calls"] = [_template_call(call, i) for i, call in enumerate(self.tool_calls)]
+        if self.tool_call_id is not None:
+            message["tool_call_id"] = self.tool_call_id
+        if self.name is not None:
+            message["name"] = self.name
+        return message
+
+
+def _template_call(call: dict[str, Any], index: int) -> dict[str, Any]:
+    function = call.get("function")
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ApiError(400, f'tool_calls[{index}] must be {{"id": ..., "type": "function", "function": {{"name": ..., '
+                       '"arguments": "<JSON>"}}}}.', param=f"tool_calls[{index}]")
+    arguments = function.get("arguments", {})
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except json.JSONDecodeError:
+            raise ApiError(400, f"The arguments of tool call {function['name']!r} are not valid JSON: {arguments!r}.",
+                           param=f"tool_calls[{index}].function.arguments") from None
+    return {**call, "type": call.get("type", "function"), "function": {**function, "arguments": arguments}}
 
 
 class ChatCompletionRequest(_Sampling):
@@ -154,8 +179,6 @@ class ChatCompletionRequest(_Sampling):
         bad = self._common_unsupported()
         if self.top_logprobs:
             bad.append("top_logprobs")
-        if self.tools and self.tool_choice != "none":
-            bad.append("tools")
         if self.functions and self.function_call != "none":
             bad.append("functions")
         if self.response_format and self.response_format.get("type") != "text":

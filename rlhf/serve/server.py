@@ -17,6 +17,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI
 
+from rlhf.agents.parsers import CodeBlockParser, HermesParser, PythonCallParser, ToolCallParser
 from rlhf.models.loading import ModelNotFoundError
 from rlhf.rollout.choose import engine_class
 from rlhf.rollout.vllm_engine import VLLMEngine
@@ -29,6 +30,11 @@ log = logging.getLogger("rlhf.serve")
 # default is also 5 s, so a client could reuse a connection just as the server closed it: a
 # request lost with a connection reset under load.
 KEEP_ALIVE_S = 65
+
+# `--tool-call-parser`: the formats a model family writes its calls in (rlhf.agents.parsers), as vLLM names them
+TOOL_CALL_PARSERS: dict[str, type[ToolCallParser]] = {
+    "hermes": HermesParser, "pythonic": PythonCallParser, "code_block": CodeBlockParser,
+}
 
 _LIMIT_HELP = {
     "max_request_bytes": "request bodies above this many bytes get 413",
@@ -71,6 +77,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     parser.add_argument("--max-sessions", type=int, default=10_000,
                         help="gateway mode: sessions kept (the least recently used beyond it are dropped)")
+    parser.add_argument(
+        "--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
+        help="serve OpenAI function calling (`tools=`): read the model's tool calls in this format (hermes: "
+        "<tool_call>{json}</tool_call>, Qwen2.5 and most tool-tuned models; pythonic: add(1, 2) lines; "
+        "code_block: a ```python block calls a `python` tool). Default: requests with tools are refused",
+    )
+    parser.add_argument(
+        "--chat-template", metavar="FILE",
+        help="a Jinja chat template to render chat requests with instead of the model's own (e.g. one that "
+        "renders `tools` for a model whose template ignores them)",
+    )
     parser.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument(
@@ -91,21 +108,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(args.torch_threads)
     if not _is_loopback(args.host) and not args.api_key:
         log.warning("serving on %s without an API key: anyone who can reach it can use it", args.host)
-    limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)})
-    try:
-        engine = load_engine(args)
-    except (ModelNotFoundError, ValueError, ImportError) as err:  # no such folder (or adapter base); no chat template; no peft
-        raise SystemExit(f"error: {err}") from None
-    name = args.served_model_name or args.model
-    aliases = [args.model, str(Path(args.model).expanduser().resolve()), Path(args.model).name]
-    sessions = SessionStore(engine.tokenizer, engine.eos_token_ids, args.max_sessions) if args.sessions else None
-    app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases, sessions=sessions)
-    log.info("serving %s as %r on http://%s:%d/v1", args.model, name, args.host, args.port)
+    app = app_from_args(args)
+    log.info("serving %s as %r on http://%s:%d/v1", args.model, app.state.model_name, args.host, args.port)
     uvicorn.run(
         app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30,
         timeout_keep_alive=args.timeout_keep_alive,
     )
     return 0
+
+
+def app_from_args(args: argparse.Namespace) -> FastAPI:
+    """The app the flags describe: the engine loaded, its chat template, sessions and tool parser set."""
+    limits = ServeLimits(**{f.name: getattr(args, f.name) for f in dataclasses.fields(ServeLimits)})
+    try:
+        engine = load_engine(args)
+    except (ModelNotFoundError, ValueError, ImportError) as err:  # no such folder (or adapter base); no chat template; no peft
+        raise SystemExit(f"error: {err}") from None
+    if args.chat_template:
+        try:
+            engine.tokenizer.chat_template = Path(args.chat_template).expanduser().read_text()
+        except OSError as err:
+            raise SystemExit(f"error: --chat-template {args.chat_template}: {err.strerror}") from None
+    name = args.served_model_name or args.model
+    aliases = [args.model, str(Path(args.model).expanduser().resolve()), Path(args.model).name]
+    sessions = SessionStore(engine.tokenizer, engine.eos_token_ids, args.max_sessions) if args.sessions else None
+    tool_parser = TOOL_CALL_PARSERS[args.tool_call_parser]() if args.tool_call_parser else None
+    app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases, sessions=sessions,
+                    tool_parser=tool_parser)
+    app.state.model_name = name
+    return app
 
 
 def load_engine(args: argparse.Namespace):

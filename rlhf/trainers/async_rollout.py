@@ -35,6 +35,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import itertools
 import json
 import threading
 import time
@@ -53,6 +54,7 @@ OnStale = Literal["wait", "drop"]
 Weights = Literal["newest", "fixed_lag"]
 Transport = Literal["auto", "broadcast", "object_store"]
 QUEUE_FOLDER = "rollout_queue"  # in a checkpoint: the batches generated ahead of the trainer
+SEED_STRIDE_PER_CALL = 1_000_000_007  # seed offset between the generate calls of one rollout (a prime)
 
 # produce(prompts, more_prompts, timing, generate) -> (scored batch, metrics): RLTrainer's production code
 Produce = Callable[..., tuple[Batch, dict[str, float]]]
@@ -432,9 +434,10 @@ class AsyncRollout:
         def produce_one(index: int, version: int) -> tuple[Batch, dict[str, float]]:
             timing: dict[str, float] = {}
             rollout_seed = seed * 1_000_003 + index  # the same batch whatever ran before it (exact resume)
+            calls = itertools.count()  # an agent loop's turns, DAPO's rounds: each call samples with its own seed
 
             def generate(prompts: Batch, sampling) -> Batch:
-                return self.rollout.generate(prompts, sampling, rollout_seed)
+                return self.rollout.generate(prompts, sampling, rollout_seed + next(calls) * SEED_STRIDE_PER_CALL)
 
             batch, metrics = produce(self._next_prompts(), self._next_prompts, timing, generate=generate)
             if time_sliced:

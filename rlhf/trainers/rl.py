@@ -100,11 +100,6 @@ class RLTrainer:
         seed: NonNegativeInt = 0,
     ):
         reward.check_sources(train_data.data_sources)
-        if async_rollout is not None and not isinstance(rollout, SingleTurn):
-            raise ValueError(
-                "RLTrainer: async_rollout generates one response per sample in the rollout group; a multi-turn "
-                f"rollout ({type(rollout).__name__}) runs synchronously only: leave async_rollout=None."
-            )
         reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
         problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
                                   dynamic_sampling=dynamic_sampling is not None)
@@ -289,9 +284,9 @@ class RLTrainer:
         self, prompts: Batch, sampling: SamplingParams, generate: Callable[[Batch, SamplingParams], Batch]
     ) -> tuple[Batch, dict[str, float]]:
         """The rollout producer's batch and metrics on the policy group's engine (`generate` is its own);
-        asynchronous rollout, single-turn only, generates with the rollout group's `generate`."""
+        asynchronous rollout (single-turn or an agent loop) generates with the rollout group's `generate`."""
         if self.async_rollout is not None:
-            return generate(prompts, sampling), {}
+            return self.rollout.rollout(generate, prompts, sampling)
         return self.rollout(self.policy, prompts, sampling)
 
     def _generate_and_score(

@@ -226,17 +226,70 @@ def test_the_environment_can_own_the_reward():
         environment_reward("3", "3", {"agent": {"reward": None}})
 
 
-def test_multi_turn_rollouts_with_asynchronous_rollout_are_refused_with_the_fix():
-    from rlhf.rewards.arithmetic import exact_match_score
-    from rlhf.rewards.manager import RewardManager
-    from rlhf.trainers.async_rollout import AsyncRollout
-    from rlhf.trainers.rl import RLTrainer
+def test_one_step_off_multi_turn_trains_on_the_conversations_of_two_versions_back(eos_model, tmp_path, monkeypatch):
+    """The agent loop under asynchronous rollout (`fiddler:one_step_off`): the rollout group runs every turn
+    of batch k with the weights of version max(0, k-2), the batch carries that version, and each sampled
+    token's log-prob is that version's over the whole multi-turn sequence (read back from the checkpoints)."""
+    import fiddle as fdl
 
-    tok = tokenizer()
-    rows = [{"data_source": "arithmetic", "prompt": [{"role": "user", "content": "What is 1+2?"}],
-             "reward_model": {"ground_truth": "3"}, "extra_info": {}}]
-    agent = AgentRollout(environment=functools.partial(ToolEnvironment, tools=[add]), tokenizer=tok)
-    with pytest.raises(ValueError, match="runs synchronously only: leave async_rollout=None"):
-        RLTrainer(None, tok, PromptDataset(rows, tok, raw_prompt=True), RewardManager({"arithmetic": exact_match_score}),
-                  advantage=GRPO(), sampling=SamplingParams(n=2), rollout=agent,
-                  async_rollout=AsyncRollout.__new__(AsyncRollout))
+    from rlhf.algos import GRPO as GRPOConfig
+    from rlhf.data.generators import arithmetic_rows
+    from rlhf.models.loading import load_causal_lm
+    from rlhf.rewards.arithmetic import digit_match_score
+    from rlhf.rewards.manager import RewardManager
+    from rlhf.runtime.experiment import Experiment, run_experiment
+    from rlhf.runtime.local import LocalRuntime
+    from rlhf.trainers.export import export_checkpoint
+    from rlhf.trainers.rl import RLTrainer
+    from rlhf.workers.policy import response_log_probs
+    from rlhf.workers.training import TrainingSetup
+    from rlhf_configs import common
+    from rlhf_configs.pieces import policy_group
+
+    tok = fdl.Config(load_tokenizer, eos_model)
+    stage = fdl.Config(
+        RLTrainer,
+        policy=policy_group(model_path=eos_model, objective=fdl.Config(PolicyObjective, entropy_coef=0.5),
+                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-2),
+                            training=fdl.Config(TrainingSetup, micro_batch_size=8)),
+        tokenizer=tok,
+        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=16), tokenizer=tok, raw_prompt=True),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
+        advantage=fdl.Config(GRPOConfig),
+        sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=8),
+        rollout=fdl.Config(AgentRollout, environment=ContinueEnvironment, tokenizer=tok, max_turns=3,
+                           max_response_tokens=64),
+        prompts_per_step=2, total_steps=4, save_freq=1, keep_checkpoints=4,
+    )
+    g = fdl.Config(Experiment, name="agent_async", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
+                   output_dir=str(tmp_path / "out"), run_name="run", progress=False)
+    common.one_step_off(g)
+    seen = {}
+    step = RLTrainer.step
+
+    def spy(self, rollouts, needs, n):
+        metrics, batch = step(self, rollouts, needs, n)
+        seen[n] = (metrics, batch)
+        return metrics, batch
+
+    monkeypatch.setattr(RLTrainer, "step", spy)
+    run_experiment(g)
+
+    checkpoints = tmp_path / "out" / "agent_async" / "run" / "rl" / "checkpoints"
+    for k, (metrics, batch) in seen.items():
+        version = max(0, k - 2)
+        assert batch["policy_version"].tolist() == [version] * len(batch)
+        assert metrics["async/staleness/mean"] == k - 1 - version
+        if version == 0:
+            assert metrics["num_turns/mean"] > 1  # multi-turn (the big steps later cost the model its EOS)
+
+        def log_probs(version: int) -> torch.Tensor:
+            folder = eos_model if version == 0 else export_checkpoint(str(checkpoints / f"step_{version:08d}"),
+                                                                      str(tmp_path / f"v{version}"))
+            with torch.no_grad():
+                return response_log_probs(load_causal_lm(folder).eval(), batch, batch.meta["temperature"])[0]
+
+        mask = batch["response_mask"].bool()
+        assert (log_probs(version) - batch["rollout_log_probs"]).abs()[mask].max() < 1e-4
+        if k >= 3:  # and not the trainer's own weights: the lag is real
+            assert (log_probs(k - 1) - batch["rollout_log_probs"]).abs()[mask].mean() > 1e-3

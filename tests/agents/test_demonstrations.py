@@ -13,7 +13,7 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.data.sft import SFTDataset
 from rlhf.rollout.sampling import SamplingParams
 from scripted import ScriptedPolicy
-from templates import SMOLLM2_TEMPLATE
+from chat_templates import SMOLLM2_TEMPLATE
 from test_trajectory import tokenizer
 
 

@@ -10,7 +10,7 @@ from helpers import tiny_model_path
 from rlhf.agents.template_check import check_template, sample_conversation
 from rlhf.cli import main
 from rlhf.models.loading import load_tokenizer
-from templates import DROPS_REASONING_TEMPLATE, QWEN25_TEMPLATE, SMOLLM2_TEMPLATE
+from chat_templates import DROPS_REASONING_TEMPLATE, QWEN25_TEMPLATE, SMOLLM2_TEMPLATE
 
 
 def tokenizer(template=None):

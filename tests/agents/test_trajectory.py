@@ -21,7 +21,7 @@ from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
 from rlhf.rollout.sampling import SamplingParams
 from scripted import ScriptedPolicy
-from templates import QWEN25_TEMPLATE, SMOLLM2_TEMPLATE
+from chat_templates import QWEN25_TEMPLATE, SMOLLM2_TEMPLATE
 
 
 def add(a: int, b: int) -> int:

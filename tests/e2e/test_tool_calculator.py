@@ -50,3 +50,24 @@ def test_tool_calculator_smoke(tmp_path):
     rendered = render_response(row)  # `rlhf rollouts view`: the untrained spans dimmed
     assert rendered.plain == "".join(s["text"] for s in row["segments"])
     assert {span.style for span in rendered.spans} == {UNTRAINED_STYLE}
+
+
+@pytest.mark.slow
+def test_tool_calculator_one_step_off_through_ray(tmp_path):
+    """The multi-turn recipe with asynchronous rollout (`fiddler:one_step_off`) through Ray: the rollout group
+    runs the agent loop, every turn of batch k with the weights of version max(0, k-2)."""
+    recipe = load_recipe()
+    graph = recipe.base()
+    recipe.smoke(graph)
+    common.one_step_off(graph)
+    common.quiet(graph)
+    graph.output_dir = str(tmp_path / "out")
+    graph.tracker.repo = str(tmp_path / "aim")
+    results = run_experiment(graph)
+    grpo = results["grpo"]
+    for name in ("async/staleness/mean", "num_turns/mean", "tool_calls/mean"):
+        assert name in grpo["metrics"], name
+    staleness = metric_values(str(tmp_path / "aim"), grpo["run_hash"], "async/staleness/mean")
+    assert [(s, v) for s, v in staleness] == [(1, 0.0), (2, 1.0)]
+    rows = read_records(Path(grpo["checkpoint"]).parent)
+    assert {(r["step"], r["policy_version"]) for r in rows} == {(1, 0), (2, 0)}

@@ -6,7 +6,8 @@ from pathlib import Path
 import pytest
 
 from rlhf.cli import main as rlhf
-from rlhf.serve.server import parse_args
+from rlhf.models.loading import load_tokenizer
+from rlhf.serve.server import BackgroundServer, app_from_args, parse_args
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,6 +28,30 @@ def test_flags_and_defaults(monkeypatch):
     monkeypatch.setenv("RLHF_API_KEY", "from-env")
     assert parse_args(["m"]).api_key == "from-env"
     assert parse_args(["m", "--api-key", "flag", "--max-queue", "3"]).max_queue == 3
+
+
+def test_chat_template_and_tool_call_parser_flags(tmp_path):
+    """`--chat-template FILE --tool-call-parser hermes`: tools reach the prompt through the file's template."""
+    openai = pytest.importorskip("openai")
+    from helpers import tiny_model_path
+
+    template = tmp_path / "tools.jinja"
+    template.write_text(
+        "{% if tools %}<|im_start|>system\nTools:{% for t in tools %} {{ t.function.name }}{% endfor %}<|im_end|>\n"
+        "{% endif %}{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    tool = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}
+    hello = [{"role": "user", "content": "hi"}]
+    args = parse_args([tiny_model_path(), "--served-model-name", "tiny", "--chat-template", str(template),
+                       "--tool-call-parser", "hermes"])
+    with BackgroundServer(app_from_args(args)) as server:
+        client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
+        with_tools = client.chat.completions.create(model="tiny", messages=hello, tools=[tool], max_tokens=2)
+        plain = client.chat.completions.create(model="tiny", messages=hello, max_tokens=2)
+    system = load_tokenizer(tiny_model_path())("<|im_start|>system\nTools: add<|im_end|>\n")["input_ids"]
+    assert with_tools.usage.prompt_tokens == plain.usage.prompt_tokens + len(system)
+    with pytest.raises(SystemExit, match="--chat-template"):
+        app_from_args(parse_args([tiny_model_path(), "--chat-template", str(tmp_path / "missing.jinja")]))
 
 
 def load_benchmark():
