@@ -59,19 +59,17 @@ def write_rows_parquet(n: int, path: Path) -> Path:
 
 
 def child(mode: str, path: str, cache: str, num_proc: int | None, tokenizer_path: str) -> dict:
-    """One measured start, in this (fresh) process; `tokenizer_path` "" is the tiny model's tokenizer."""
+    """One measured start, in this (fresh) process: what a training process imports and does for its data
+    (the tiny model's folder is found by the parent, so the test helpers' imports are not counted)."""
     import resource
 
     start = time.perf_counter()
     import torch
 
     torch.set_num_threads(1)
-    sys.path.insert(0, str(ROOT / "tests"))
-    from helpers import tiny_model_path
-
     from rlhf.models.loading import load_tokenizer
 
-    tokenizer = load_tokenizer(tokenizer_path or tiny_model_path())
+    tokenizer = load_tokenizer(tokenizer_path)
     imported = time.perf_counter() - start
     if mode == "list":
         batch, rows = list_path(path, tokenizer)
@@ -113,7 +111,7 @@ def list_path(path: str, tokenizer):
     return batch, len(rows)
 
 
-def measure(mode: str, path: Path, cache: Path, num_proc: int | None, tokenizer: str = "") -> dict:
+def measure(mode: str, path: Path, cache: Path, num_proc: int | None, tokenizer: str) -> dict:
     cmd = [sys.executable, __file__, "--child", mode, str(path), str(cache), str(num_proc or 0), tokenizer]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(ROOT), "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
@@ -145,12 +143,18 @@ def main() -> None:
     started = time.perf_counter()
     if not path.exists():
         write_rows_parquet(args.rows, path)
-    tokenizer = str(Path(args.tokenizer).expanduser().absolute()) if args.tokenizer else ""
+    if args.tokenizer:
+        tokenizer = label = str(Path(args.tokenizer).expanduser().absolute())
+    else:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from helpers import tiny_model_path
+
+        tokenizer, label = tiny_model_path(), "tiny byte-level (tests/helpers.tiny_model_path)"
     result = {"rows": args.rows, "file_mb": round(path.stat().st_size / 2**20, 1),
               "write_s": round(time.perf_counter() - started, 1), "cores": len(os.sched_getaffinity(0)),
-              "tokenizer": tokenizer or "tiny byte-level (tests/helpers.tiny_model_path)",
-              "date": time.strftime("%Y-%m-%d %H:%M"), "load_average_before": list(os.getloadavg())}
-    cache = work / f"cache-{args.rows}-{Path(tokenizer).name or 'tiny'}"
+              "tokenizer": label, "date": time.strftime("%Y-%m-%d %H:%M"),
+              "load_average_before": list(os.getloadavg())}
+    cache = work / f"cache-{args.rows}-{Path(args.tokenizer).name if args.tokenizer else 'tiny'}"
     result["cold"] = measure("arrow", path, cache, args.num_proc, tokenizer)
     result["warm"] = measure("arrow", path, cache, args.num_proc, tokenizer)
     if args.baseline_rows:

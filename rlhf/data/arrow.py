@@ -16,6 +16,8 @@ the same Python checks `read_rows` uses, so errors name the file, row (and line)
 
 from __future__ import annotations
 
+import functools
+import gc
 import hashlib
 import json
 import os
@@ -89,6 +91,21 @@ def auto_num_proc(num_rows: int, num_proc: int | None) -> int | None:
     return cores if cores > 1 and num_rows >= PARALLEL_FROM_ROWS else None
 
 
+def gc_paused(function: Callable, *args: Any, **kwargs: Any) -> Any:
+    """`function(*args, **kwargs)` with Python's cyclic garbage collector paused.
+
+    A map batch allocates thousands of short-lived, acyclic lists and dicts (freed by reference
+    counting), and each allocation burst triggers collections that walk every object alive in the
+    process (torch's and transformers' millions): a sixth of tokenising time before it was paused."""
+    if not gc.isenabled():
+        return function(*args, **kwargs)
+    gc.disable()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        gc.enable()
+
+
 def cached_map(
     dataset: datasets.Dataset,
     function: Callable,
@@ -103,11 +120,12 @@ def cached_map(
     batch_size: int = 1000,
 ) -> datasets.Dataset:
     """`dataset.map(function, batched=True)` replacing every column, stored as `<cache_root>/<name>-<key>.arrow`
-    (one file per process with `num_proc`) and loaded from there when it exists."""
+    (one file per process with `num_proc`) and loaded from there when it exists; each batch runs with the
+    garbage collector paused (`gc_paused`)."""
     root = cache_root(cache_dir)
     root.mkdir(parents=True, exist_ok=True)
     return dataset.map(
-        function,
+        functools.partial(gc_paused, function),
         batched=True,
         batch_size=batch_size,
         with_indices=with_indices,

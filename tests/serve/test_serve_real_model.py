@@ -37,3 +37,28 @@ def test_a_chat_completion_applies_the_template_and_stops_at_im_end(smollm2_path
     assert choice.message.content == tokenizer.decode(tokens[:-1])
     assert "<|im_end|>" not in choice.message.content and "<|im_start|>" not in choice.message.content
     assert "5" in choice.message.content
+
+
+def test_function_calling_with_a_tools_template(smollm2_path, tmp_path):
+    """`--chat-template` (one that renders tools; SmolLM2's own ignores them) with `--tool-call-parser hermes`:
+    the tool list reaches SmolLM2's prompt. The 135M model writes no well-formed call (measured: it answers in
+    prose), and such a reply comes back as plain content."""
+    from chat_templates import QWEN25_TEMPLATE
+
+    from rlhf.serve.server import app_from_args
+
+    template = tmp_path / "tools.jinja"
+    template.write_text(QWEN25_TEMPLATE)
+    add = {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}}}
+    args = parse_args([smollm2_path, "--served-model-name", "smollm2", "--chat-template", str(template),
+                       "--tool-call-parser", "hermes"])
+    with BackgroundServer(app_from_args(args)) as server:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            asked = dict(model="smollm2", messages=QUESTION, max_tokens=16, temperature=0)
+            with_tools = client.chat.completions.create(**asked, tools=[add])
+            plain = client.chat.completions.create(**asked)
+    assert with_tools.usage.prompt_tokens > plain.usage.prompt_tokens + 100  # the tools and how to call them
+    (choice,) = with_tools.choices
+    assert choice.finish_reason in ("stop", "length") and choice.message.tool_calls is None
+    assert isinstance(choice.message.content, str) and choice.message.content
