@@ -166,19 +166,23 @@ def run_stage(stage, out: Path, mode: str, args) -> dict:
     RLTrainer.step = recording
     try:
         start = time.perf_counter()
-        final = run_in_process(stage, out) if args.runtime == "local" else run_on_ray(stage, out, args.gpu)
+        final = (run_in_process(stage, out) if args.runtime == "local"
+                 else run_on_ray(stage, out, args.gpu, args.worker_niceness))
         wall = time.perf_counter() - start
     finally:
         RLTrainer.step = original
     return summarise(mode, steps, ends, final, wall)
 
 
-def run_on_ray(stage, out: Path, gpu: bool) -> dict:
+def run_on_ray(stage, out: Path, gpu: bool, worker_niceness: int | None) -> dict:
     from rlhf.runtime.experiment import Experiment, run_experiment
     from rlhf.runtime.ray_runtime import RayRuntime
 
+    runtime = fdl.Config(RayRuntime, num_cpus=None if gpu else 2)
+    if worker_niceness is not None:
+        runtime.worker_niceness = worker_niceness
     g = fdl.Config(Experiment, name="async_rollout", stages={"grpo": stage}, output_dir=str(out), progress=False,
-                   runtime=fdl.Config(RayRuntime, num_cpus=None if gpu else 2))
+                   runtime=runtime)
     return run_experiment(g)["grpo"]["metrics"]
 
 
@@ -248,6 +252,8 @@ def main() -> int:
                              "colocated: --placement colocated)")
     parser.add_argument("--placement", default="separate", choices=["separate", "colocated"],
                         help="the rollout group's placement in the asynchronous modes")
+    parser.add_argument("--worker-niceness", type=int, default=None,
+                        help="RayRuntime(worker_niceness=...): 15 is Ray's own default (before the runtime set 0)")
     parser.add_argument("--correction", default="bypass", choices=["bypass", "decoupled"],
                         help="how the asynchronous modes' loss corrects for the behaviour policy")
     args = parser.parse_args()
@@ -260,7 +266,8 @@ def main() -> int:
     out = Path(tempfile.mkdtemp(prefix="async_rollout-"))
     report: dict = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "modes": modes,
                     "load_average_start": os.getloadavg(), "cpus": os.cpu_count(), "gpu": args.gpu,
-                    "runtime": args.runtime, "placement": args.placement, "correction": args.correction, "jobs": {}}
+                    "runtime": args.runtime, "placement": args.placement,
+                    "worker_niceness": args.worker_niceness, "correction": args.correction, "jobs": {}}
     checkpoint, sft_accuracy = args.sft_checkpoint, None
     for job in args.jobs.split(","):
         if job in ("tiny", "tiny_balanced") and checkpoint is None:

@@ -159,6 +159,7 @@ class RayRuntime:
         inline_bytes: NonNegativeInt = 4 * 2**20,  # a local cluster passes call arguments/results up to this size inline
         ready_timeout_s: PositiveFloat = 300.0,  # wait this long for placement groups and actors to be placed, then raise
         autoscaling: bool = False,  # the cluster adds nodes on demand: do not refuse a plan its nodes cannot hold now
+        worker_niceness: int = 0,  # workers run this much nicer than their raylet (Ray's own default: 15)
     ):
         self.address = address
         self.ready_timeout_s = ready_timeout_s
@@ -166,6 +167,7 @@ class RayRuntime:
         self.inline_bytes = inline_bytes
         self.num_cpus = num_cpus
         self.num_gpus = num_gpus
+        self.worker_niceness = worker_niceness
         self._pgs: list[Any] = []
         self._groups: list[RayWorkerGroup] = []
         self._connected = False  # whether this runtime called ray.init (and so must call ray.shutdown)
@@ -190,8 +192,12 @@ class RayRuntime:
                 "task_rpc_inlined_bytes_limit": max(self.inline_bytes * 4, 10 * 2**20),
             }
         pythonpath = os.pathsep.join([os.getcwd(), *[p for p in sys.path if p]])
+        # Ray renices every worker process by 15 unless told otherwise (its job supervisor tells its own 0); but the
+        # workers do the run's work: at nice 15 the driver and any other process on their cores outweigh them (one
+        # at nice 19 takes 30% of a shared core). By default they run at their raylet's priority (docs/runtime.md).
         kwargs["runtime_env"] = {
-            "env_vars": {"PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0"}
+            "env_vars": {"PYTHONPATH": pythonpath, "TOKENIZERS_PARALLELISM": "false", "RAY_DEDUP_LOGS": "0",
+                         "RAY_worker_niceness": str(self.worker_niceness)}
         }
         handler = signal.getsignal(signal.SIGTERM)
         ray.init(**kwargs)

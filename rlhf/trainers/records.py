@@ -18,9 +18,11 @@ import json
 import logging
 import os
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from rlhf.agents.batch import response_spans
 from rlhf.batch import Batch
@@ -52,9 +54,12 @@ class RolloutRecorder:
         self.max_groups_per_step = max_groups_per_step
         self.seed = seed
 
-    def write(self, folder: Path, step: int, batch: Batch, texts: list[str], prompts: list[str], tokenizer=None) -> int:
-        """Record the groups selected for `step`; returns the number of rows written. With `tokenizer`,
-        rows whose response holds tokens outside the loss mask (multi-turn) get their `segments`."""
+    def write(self, folder: Path, step: int, batch: Batch, texts: Sequence[str],
+              prompts: Sequence[str] | Callable[[list[int]], Sequence[str]], tokenizer=None) -> int:
+        """Record the groups selected for `step`; returns the number of rows written. `prompts`: every row's prompt
+        text, or a function of the recorded rows' indices that decodes only those (the step's driver time: decoding
+        every prompt cost more than the rest of the records). With `tokenizer`, rows whose response holds tokens
+        outside the loss mask (multi-turn) get their `segments`."""
         uids = [str(u) for u in batch["uid"]]
         groups = sorted(set(uids))
         rng = np.random.default_rng([self.seed, step])
@@ -62,38 +67,46 @@ class RolloutRecorder:
         if self.max_groups_per_step is not None and len(keep) > self.max_groups_per_step:
             keep = [keep[i] for i in sorted(rng.choice(len(keep), self.max_groups_per_step, replace=False))]
         keep = set(keep)
+        rows = [i for i, uid in enumerate(uids) if uid in keep]
+        if not rows:
+            return 0
+        # whole columns at once: a Python loop over a step's rows of tensors cost ~10 ms a step on the driver
         mask = batch["response_mask"].bool()
         scores = batch["token_level_scores"].sum(dim=1).tolist()
-        advantages = [float(a[m][0]) if m.any() else 0.0 for a, m in zip(batch["advantages"], mask)]
+        first = mask.int().argmax(dim=1, keepdim=True)  # an advantage is constant over a response: its first token's
+        advantages = torch.where(mask.any(dim=1), batch["advantages"].gather(1, first).squeeze(1), 0.0).tolist()
+        lengths = mask.sum(dim=1).tolist()
+        untrained = None
+        if tokenizer is not None and "attention_mask" in batch:
+            real = batch["attention_mask"][:, -mask.shape[1]:].bool()
+            untrained = (real & ~mask).any(dim=1).tolist()  # tokens the loss did not see: tell them apart
+        versions = batch["policy_version"].tolist() if "policy_version" in batch else None
+        prompt_texts = dict(zip(rows, prompts(rows) if callable(prompts) else [prompts[i] for i in rows]))
         folder.mkdir(parents=True, exist_ok=True)
         lines = []
-        for i, uid in enumerate(uids):
-            if uid not in keep:
-                continue
+        for i in rows:
             row = {
                 "step": step,
-                "uid": uid,
-                "prompt": prompts[i],
+                "uid": uids[i],
+                "prompt": prompt_texts[i],
                 "response": texts[i],
                 "score": scores[i],
-                "advantage": advantages[i],
-                "response_length": int(mask[i].sum()),
+                "advantage": float(advantages[i]),
+                "response_length": int(lengths[i]),
                 "ground_truth": str(batch["ground_truth"][i]),
                 "data_source": str(batch["data_source"][i]),
             }
             agent = (batch["extra_info"][i] or {}).get("agent") if "extra_info" in batch else None
             if agent is not None:
                 row["agent"] = agent
-            if tokenizer is not None and "attention_mask" in batch:
-                real = batch["attention_mask"][i, -mask.shape[1]:].bool()
-                if bool((real & ~mask[i]).any()):  # tokens the loss did not see: tell them apart
-                    row["segments"] = [{"text": text, "trained": bool(trained)} for text, trained in response_spans(
-                        tokenizer, batch["responses"][i][real].tolist(), mask[i][real].int().tolist())]
-            if "policy_version" in batch:  # the weights that generated it (behind the step's with async rollout)
-                row["policy_version"] = int(batch["policy_version"][i])
+            if untrained is not None and untrained[i]:
+                real_i = real[i]
+                row["segments"] = [{"text": text, "trained": bool(trained)} for text, trained in response_spans(
+                    tokenizer, batch["responses"][i][real_i].tolist(), mask[i][real_i].int().tolist())]
+            if versions is not None:  # the weights that generated it (behind the step's with async rollout)
+                row["policy_version"] = int(versions[i])
             lines.append(json.dumps(row, ensure_ascii=False))
-        if lines:
-            append_whole(folder / RECORDS_FILE, "".join(line + "\n" for line in lines).encode("utf-8"))
+        append_whole(folder / RECORDS_FILE, "".join(line + "\n" for line in lines).encode("utf-8"))
         return len(lines)
 
 

@@ -183,8 +183,8 @@ class RLTrainer:
             ctx.log(metrics, step)
             self._metrics = metrics
             if self.records is not None:
-                self.records.write(ctx.out_dir, step, batch, list(batch["response_text"]), self._prompt_texts(batch),
-                                   self.tokenizer)
+                self.records.write(ctx.out_dir, step, batch, batch["response_text"],
+                                   functools.partial(self._prompt_texts, batch), self.tokenizer)
             if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
                 self.save(checkpoints, step, ctx)
             bar.set_postfix(
@@ -362,9 +362,12 @@ class RLTrainer:
         self.kl_in_reward.update(current, len(batch))
         return {"actor/reward_kl_penalty": current, "actor/reward_kl_penalty_coeff": coef}
 
-    def _prompt_texts(self, batch: Batch) -> list[str]:
-        ids, mask = batch["prompts"], batch["attention_mask"][:, : batch["prompts"].shape[1]]
-        return self.tokenizer.batch_decode([r[m.bool()].tolist() for r, m in zip(ids, mask)], skip_special_tokens=False)
+    def _prompt_texts(self, batch: Batch, rows: list[int]) -> list[str]:
+        """The prompts of `rows`, decoded (without their left padding)."""
+        ids = batch["prompts"][rows].tolist()
+        real = batch["attention_mask"][rows, : batch["prompts"].shape[1]].bool().tolist()
+        return self.tokenizer.batch_decode([[t for t, r in zip(row, m) if r] for row, m in zip(ids, real)],
+                                           skip_special_tokens=False)
 
     # -------------------------------------------------------- checkpoints
     def save(self, checkpoints: CheckpointManager, step: int, ctx: StageContext) -> Path:

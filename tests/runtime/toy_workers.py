@@ -56,6 +56,12 @@ class EchoWorker:
         }
 
     @on_all_ranks
+    def scheduling(self) -> dict:
+        """How the OS and torch run this rank: its niceness and its thread counts."""
+        return {"niceness": os.nice(0), "torch_threads": torch.get_num_threads(),
+                "omp_num_threads": os.environ.get("OMP_NUM_THREADS")}
+
+    @on_all_ranks
     def all_reduce(self, value: float) -> float:
         import torch.distributed as dist
 

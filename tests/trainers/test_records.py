@@ -1,5 +1,6 @@
 """Rollout records: sampled per step, truncated on resume, shown best/worst per group."""
 
+import pytest
 import torch
 
 from rlhf.batch import Batch
@@ -143,3 +144,18 @@ def test_multi_turn_rows_are_shown_as_trained_and_context_spans(tmp_path):
     assert "2 turns, done:" in text
     assert "      trained | 'add(1, 2)<|im_end|>'" in text
     assert "      context | '\\n<|im_start|>tool\\n3<|im_end|>\\n<|im_start|>assistant\\n'" in text
+
+
+def test_prompts_are_decoded_for_the_recorded_rows_only(tmp_path):
+    asked = []
+
+    def prompts(rows):
+        asked.append(rows)
+        return [f"prompt {i}" for i in rows]
+
+    assert RolloutRecorder(max_groups_per_step=1, seed=0).write(tmp_path, 1, scored_batch(), ["6", "7", "9", "8"], prompts) == 2
+    rows = read_records(tmp_path)
+    assert len(asked) == 1 and asked[0] in ([0, 1], [2, 3])  # one group of two, asked for once
+    assert [r["prompt"] for r in rows] == [f"prompt {i}" for i in asked[0]]
+    assert [r["response"] for r in rows] == [["6", "7", "9", "8"][i] for i in asked[0]]
+    assert [r["advantage"] for r in rows] == pytest.approx([-0.5, 1.5] if asked[0] == [0, 1] else [0.2, 0.1])
