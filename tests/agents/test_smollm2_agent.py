@@ -56,3 +56,42 @@ def test_smollm2_python_tool_recipe_smoke(smollm2_path, tmp_path):
                  "val-aux/num_turns/mean", "actor/pg_loss"):
         assert name in metrics, name
     assert metrics["rollout_corr/log_prob_abs_diff_max"] < 1e-3  # the trainer agrees with the engine on every turn
+
+
+@pytest.mark.real_model
+def test_smollm2_gateway_trajectories_train_with_the_recorded_log_probs(smollm2_path):
+    """An unmodified OpenAI-client agent through `rlhf serve --sessions` on SmolLM2 (49k BPE): the session's
+    two-turn trajectory is one render of the agent's conversation, and the trainer's log-probs over it equal
+    the recorded ones on every sampled token (nothing was re-tokenised at the turn boundary)."""
+    import httpx
+    from openai import OpenAI
+
+    from rlhf.agents import Trajectory, trajectory_batch
+    from rlhf.batch import Batch
+    from rlhf.serve import BackgroundServer, build_app
+    from rlhf.serve.gateway import SessionStore
+
+    worker = PolicyWorker(smollm2_path)
+    engine, tok = worker.engine, load_tokenizer(smollm2_path)
+    sessions = SessionStore(tok, engine.eos_token_ids)
+    messages = [{"role": "user", "content": "What is 12+30?"}]
+    with BackgroundServer(build_app(engine, "smollm2", sessions=sessions)) as server:
+        client = OpenAI(base_url=f"{server.url}/sessions/e1/v1", api_key="unused", max_retries=0, timeout=120)
+        for turn in range(2):
+            reply = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=24,
+                                                   temperature=1.0, seed=turn)
+            messages += [{"role": "assistant", "content": reply.choices[0].message.content},
+                         {"role": "user", "content": "Are you sure?"}]
+        (record,) = httpx.get(f"{server.url}/sessions/e1").json()["trajectories"]
+    t = Trajectory.from_dict(record)
+    assert len(t.turns) == 2
+    first_end = t.turns[0][1]
+    if t.response_ids[first_end - 1] in engine.eos_token_ids:  # turn 1 ended on <|im_end|> (it does at these seeds)
+        # what followed it is the template's own newline and the follow-up, as one render of the conversation
+        rendered = tok.apply_chat_template(messages[:3], add_generation_prompt=True, tokenize=False)
+        assert tok.decode(t.all_ids).startswith(rendered)
+    batch = trajectory_batch([t], Batch({}, {"uid": ["e1"], "extra_info": [{}]}), tok.pad_token_id,
+                             temperature=1.0, max_new_tokens=256)
+    mask = batch["response_mask"].bool()
+    old = worker.compute_log_probs(batch)["old_log_probs"]
+    assert mask.sum() > 0 and (old - batch["rollout_log_probs"]).abs()[mask].max() < 1e-3
