@@ -45,6 +45,8 @@ def main() -> int:
     parser.add_argument("--grpo-lr", type=float, default=None, help="GRPO learning rate (default: the recipe's)")
     parser.add_argument("--grpo-temperature", type=float, default=None,
                         help="GRPO's sampling temperature (default: the recipe's)")
+    parser.add_argument("--grpo-seed", type=int, default=None,
+                        help="GRPO's seed: prompt order and sampling (default: the recipe's)")
     parser.add_argument("--samples-per-prompt", type=int, default=None, help="GRPO group size (default: the recipe's)")
     parser.add_argument("--heldout", type=int, default=None, help="held-out problems (default: the recipe's)")
     parser.add_argument("--no-untuned", action="store_true", help="skip the untuned model's evaluation (0%%: see the "
@@ -72,6 +74,8 @@ def main() -> int:
         grpo.sampling.temperature = args.grpo_temperature
     if args.samples_per_prompt is not None:
         grpo.sampling.n = args.samples_per_prompt
+    if args.grpo_seed is not None:
+        grpo.seed = args.grpo_seed
     if args.heldout is not None:
         sft.evaluator.dataset.rows.n = grpo.evaluator.dataset.rows.n = args.heldout
     work = Path(tempfile.mkdtemp(prefix="smollm2_python_tool-"))
@@ -100,7 +104,8 @@ def main() -> int:
         "settings": {"sft_only": args.sft_only, "sft_steps": sft.total_steps, "sft_lr": sft.policy.worker.optimizer.lr,
                      "sft_batch_size": sft.batch_size, "sft_demonstrations": sft.data.rows.rows.n,
                      "grpo_steps": grpo.total_steps, "grpo_lr": grpo.policy.worker.optimizer.lr,
-                     "grpo_temperature": grpo.sampling.temperature, "prompts_per_step": grpo.prompts_per_step,
+                     "grpo_temperature": grpo.sampling.temperature, "grpo_seed": grpo.seed,
+                     "prompts_per_step": grpo.prompts_per_step,
                      "samples_per_prompt": grpo.sampling.n,
                      "heldout_problems": grpo.evaluator.dataset.rows.n},
         "eval_curves": curves,
