@@ -185,3 +185,21 @@ def fill_disk(folder, leave: int = 0) -> int:
     finally:
         os.close(fd)
     return os.path.getsize(path)
+
+
+def run_capturing(monkeypatch, graph) -> dict[int, tuple[dict, object]]:
+    """Run the experiment `graph`, keeping each RL step's metrics and the batch it trained on."""
+    from rlhf.runtime.experiment import run_experiment
+    from rlhf.trainers.rl import RLTrainer
+
+    seen = {}
+    step = RLTrainer.step
+
+    def spy(self, rollouts, needs, n):
+        metrics, batch = step(self, rollouts, needs, n)
+        seen[n] = (metrics, batch)
+        return metrics, batch
+
+    monkeypatch.setattr(RLTrainer, "step", spy)
+    run_experiment(graph)
+    return seen

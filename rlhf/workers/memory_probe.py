@@ -48,6 +48,12 @@ def live_storages(device: str = "cpu") -> list[torch.UntypedStorage]:
     return list(seen.values())
 
 
+def live_bytes(device: str = "cpu") -> int:
+    """Bytes of every live tensor storage on `device` type now (after a garbage collection)."""
+    gc.collect()
+    return sum(st.nbytes() for st in live_storages(device))
+
+
 class _StorageTracker(TorchDispatchMode):
     """Live bytes of the storages it knows, and their peak. A storage is keyed by its Python object, which
     torch keeps the same while the storage lives."""

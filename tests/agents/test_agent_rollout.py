@@ -237,12 +237,13 @@ def test_one_step_off_multi_turn_trains_on_the_conversations_of_two_versions_bac
     from rlhf.models.loading import load_causal_lm
     from rlhf.rewards.arithmetic import digit_match_score
     from rlhf.rewards.manager import RewardManager
-    from rlhf.runtime.experiment import Experiment, run_experiment
+    from rlhf.runtime.experiment import Experiment
     from rlhf.runtime.local import LocalRuntime
     from rlhf.trainers.export import export_checkpoint
     from rlhf.trainers.rl import RLTrainer
     from rlhf.workers.policy import response_log_probs
     from rlhf.workers.training import TrainingSetup
+    from helpers import run_capturing
     from rlhf_configs import common
     from rlhf_configs.pieces import policy_group
 
@@ -264,16 +265,7 @@ def test_one_step_off_multi_turn_trains_on_the_conversations_of_two_versions_bac
     g = fdl.Config(Experiment, name="agent_async", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
                    output_dir=str(tmp_path / "out"), run_name="run", progress=False)
     common.one_step_off(g)
-    seen = {}
-    step = RLTrainer.step
-
-    def spy(self, rollouts, needs, n):
-        metrics, batch = step(self, rollouts, needs, n)
-        seen[n] = (metrics, batch)
-        return metrics, batch
-
-    monkeypatch.setattr(RLTrainer, "step", spy)
-    run_experiment(g)
+    seen = run_capturing(monkeypatch, g)
 
     checkpoints = tmp_path / "out" / "agent_async" / "run" / "rl" / "checkpoints"
     for k, (metrics, batch) in seen.items():

@@ -22,16 +22,21 @@ def load_recipe():
     return module
 
 
-@pytest.mark.slow
-def test_tool_calculator_smoke(tmp_path):
+def smoke_graph(tmp_path, *fiddlers):
+    """The recipe in smoke form with `fiddlers` applied, quiet, writing under `tmp_path`."""
     recipe = load_recipe()
     graph = recipe.base()
     recipe.smoke(graph)
-    common.local(graph)
-    common.quiet(graph)
+    for fiddler in (*fiddlers, common.quiet):
+        fiddler(graph)
     graph.output_dir = str(tmp_path / "out")
     graph.tracker.repo = str(tmp_path / "aim")
-    results = run_experiment(graph)
+    return graph
+
+
+@pytest.mark.slow
+def test_tool_calculator_smoke(tmp_path):
+    results = run_experiment(smoke_graph(tmp_path, common.local))
     assert set(results) == {"sft", "grpo", "eval", "no_tool_sft"}
     grpo = results["grpo"]["metrics"]
     for name in ("num_turns/mean", "num_turns/max", "tool_calls/mean", "tool_errors/total", "tool_errors/rate",
@@ -56,14 +61,7 @@ def test_tool_calculator_smoke(tmp_path):
 def test_tool_calculator_one_step_off_through_ray(tmp_path):
     """The multi-turn recipe with asynchronous rollout (`fiddler:one_step_off`) through Ray: the rollout group
     runs the agent loop, every turn of batch k with the weights of version max(0, k-2)."""
-    recipe = load_recipe()
-    graph = recipe.base()
-    recipe.smoke(graph)
-    common.one_step_off(graph)
-    common.quiet(graph)
-    graph.output_dir = str(tmp_path / "out")
-    graph.tracker.repo = str(tmp_path / "aim")
-    results = run_experiment(graph)
+    results = run_experiment(smoke_graph(tmp_path, common.one_step_off))
     grpo = results["grpo"]
     for name in ("async/staleness/mean", "num_turns/mean", "tool_calls/mean"):
         assert name in grpo["metrics"], name

@@ -26,7 +26,7 @@ from rlhf.workers.training import TrainingSetup
 from rlhf_configs import common
 from rlhf_configs.async_rollout import use_async_rollout
 from rlhf_configs.pieces import policy_group
-from helpers import tiny_model_path
+from helpers import run_capturing, tiny_model_path
 
 CAP = 5.0  # DecoupledPPO's default behaviour-weight cap
 
@@ -56,21 +56,6 @@ def graph(out, steps=3, **trainer) -> fdl.Config[Experiment]:
     )
     return fdl.Config(Experiment, name="async", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
                       output_dir=str(out), run_name="run", progress=False)
-
-
-def run_capturing(monkeypatch, g) -> dict[int, tuple[dict, object]]:
-    """Run `g`, keeping each step's metrics and the batch it trained on."""
-    seen = {}
-    step = RLTrainer.step
-
-    def spy(self, rollouts, needs, n):
-        metrics, batch = step(self, rollouts, needs, n)
-        seen[n] = (metrics, batch)
-        return metrics, batch
-
-    monkeypatch.setattr(RLTrainer, "step", spy)
-    run_experiment(g)
-    return seen
 
 
 def log_probs_under(folder: str, batch) -> torch.Tensor:
