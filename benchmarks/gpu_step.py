@@ -405,14 +405,26 @@ RUNNERS = {"rlhf": run_rlhf, "rlhf-shared": functools.partial(run_rlhf, shared_p
            "trl-vllm": functools.partial(run_trl, use_vllm=True)}
 
 
-def run_child(framework: str, shape_name: str, steps: int, root: str) -> dict:
-    """Run one framework in a fresh process; its JSON summary (or the error)."""
+def run_child(framework: str, shape_name: str, steps: int, root: str, timeout_s: float | None = None) -> dict:
+    """Run one framework in a fresh process; its JSON summary (or the error, also when it outlasts `timeout_s`)."""
     cmd = [sys.executable, __file__, "--child", framework, "--shape", shape_name, "--steps", str(steps), "--root", root]
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired as err:
+        tail = (err.stderr or b"").decode(errors="replace") if isinstance(err.stderr, bytes) else (err.stderr or "")
+        return {"error": [f"timed out after {timeout_s:.0f} s"] + tail.strip().splitlines()[-3:]}
+    print(f"[gpu_step] {framework}: exit {done.returncode} in {time.perf_counter() - started:.0f} s", file=sys.stderr,
+          flush=True)
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode or not lines:
         return {"error": (done.stderr or done.stdout).strip().splitlines()[-1:] or ["no output"]}
     return json.loads(lines[-1])
+
+
+def write_result(out: str, name: str, info: dict, shape: str, result: dict) -> None:
+    Path(out).mkdir(parents=True, exist_ok=True)
+    Path(out, name).write_text(json.dumps({"machine": info, "shape": shape, "result": result}, indent=1, default=str))
 
 
 def print_table(results: dict) -> None:
@@ -440,6 +452,7 @@ def main(argv=None) -> int:
     p.add_argument("--frameworks", default="trl,rlhf,rlhf-shared,plain")
     p.add_argument("--root", default=os.path.join(tempfile.gettempdir(), "rlhf-gpu-step-models"))
     p.add_argument("--out", default=str(HERE / "results"))
+    p.add_argument("--child-timeout", type=float, default=None, help="seconds one framework's process may take")
     p.add_argument("--child", choices=sorted(RUNNERS), help=argparse.SUPPRESS)
     a = p.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -458,11 +471,12 @@ def main(argv=None) -> int:
         name = f"gpu_step-proxy-{stamp}.json"
     else:
         build_model(SHAPES[a.shape], a.root)
-        result = {fw: run_child(fw, a.shape, a.steps, a.root) for fw in a.frameworks.split(",")}
+        name, result = f"gpu_step-{a.shape}-{stamp}.json", {}
+        for fw in a.frameworks.split(","):  # written after each framework: a later hang keeps the earlier results
+            result[fw] = run_child(fw, a.shape, a.steps, a.root, a.child_timeout)
+            write_result(a.out, name, info, a.shape, result)
         print_table(result)
-        name = f"gpu_step-{a.shape}-{stamp}.json"
-    Path(a.out).mkdir(parents=True, exist_ok=True)
-    Path(a.out, name).write_text(json.dumps({"machine": info, "shape": a.shape, "result": result}, indent=1, default=str))
+    write_result(a.out, name, info, a.shape, result)
     print(json.dumps(result, default=str))
     return 0 if not a.proxy or result["ok"] else 1
 

@@ -2,6 +2,7 @@
 
     python benchmarks/memory_plan.py                       # the tiny model; SmolLM2 too with --smollm2
     python benchmarks/memory_plan.py --smollm2 --out benchmarks/results/memory_plan.json
+    python benchmarks/memory_plan.py --device cuda --out DIR/memory_plan-cuda.json   # one GPU (scripts/gpu_check.sh)
 
 Each grid point runs in fresh processes (two for 2 FSDP ranks, over gloo), builds the real workers
 (the policy with its reference model and the transformers engine, a critic, a reward model) on the
@@ -36,9 +37,15 @@ sys.path.insert(0, str(ROOT / "tests"))
 PROMPT_TOKENS, RESPONSE_TOKENS, N = 48, 16, 4
 
 
-def grid(models: list[str], quick: bool) -> list[dict]:
+def grid(models: list[str], quick: bool, device: str = "cpu") -> list[dict]:
     """The points: every model x (strategy, ranks) x gradient checkpointing x token budget, and the
-    generation batch sizes varied on the first of each."""
+    generation batch sizes varied on the first of each. On one GPU: one rank, the tiny model's quick
+    points and a Qwen2.5-0.5B-shaped random model in DDP and FSDP, bf16 compute."""
+    if device == "cuda":
+        tiny = [dict(p, device="cuda", dtype="float32") for p in grid(["tiny"], quick=True)]
+        big = [dict(model="qwen0.5b", strategy=s, ranks=1, checkpointing=c, budget=4096, prompts=8, gen_rows=None,
+                    device="cuda", dtype="bfloat16") for s in ("ddp", "fsdp") for c in (False, True)]
+        return tiny + big
     points = []
     budgets = {"tiny": [None, 512, 1024], "smollm2": [256, 512]}
     for model in models:
@@ -60,6 +67,13 @@ def model_path(model: str) -> str:
         from helpers import tiny_model_path
 
         return tiny_model_path(hidden_size=64, num_layers=4)
+    if model == "qwen0.5b":
+        import tempfile
+
+        from rlhf.models.tiny import tiny_qwen2
+
+        return tiny_qwen2(os.path.join(tempfile.gettempdir(), "rlhf-memory-plan-qwen0.5b"), hidden_size=896,
+                          num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864, vocab_size=151_936)
     from rlhf.models.importing import import_model
 
     return str(import_model("smollm2-135m-instruct"))
@@ -76,7 +90,8 @@ def worker_arguments(point: dict) -> dict[str, dict]:
 
     path = model_path(point["model"])
     training = TrainingSetup(strategy=point["strategy"], micro_batch_size=4, max_tokens_per_micro_batch=point["budget"],
-                             gradient_checkpointing=point["checkpointing"])
+                             gradient_checkpointing=point["checkpointing"],
+                             compute_dtype=point.get("dtype", TrainingSetup().compute_dtype))
     engine = functools.partial(HFEngine, max_rows_per_call=point["gen_rows"]) if point["gen_rows"] else HFEngine
     policy = dict(model_path=path, ref_model_path=path, training=training, engine=engine,
                   objective=PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1)))
@@ -99,7 +114,8 @@ def predictions(point: dict) -> dict[str, dict[str, float]]:
     args = worker_arguments(point)
     rows = point["prompts"] * N // point["ranks"]
     workload = Workload(PROMPT_TOKENS, RESPONSE_TOKENS, n=N, rows=rows)
-    placement = Placement("cpu", point["ranks"], fsdp=point["strategy"] == "fsdp", process_group=True)  # env set
+    placement = Placement(point.get("device", "cpu"), point["ranks"], fsdp=point["strategy"] == "fsdp",
+                          process_group=True)  # env set
     out = {}
     for role, cls in (("policy", PolicyWorker), ("critic", CriticWorker), ("reward_model", RewardModelWorker)):
         estimate = cls.predict_memory(with_defaults(cls, args[role]), workload, placement)
@@ -130,7 +146,7 @@ def measure(point: dict, rank: int) -> dict[str, dict[str, float]]:
     out: dict[str, dict[str, float]] = {"policy": {}, "critic": {}, "reward_model": {}}
 
     def peak(role: str, phase: str, fn):
-        with PeakMemory("cpu") as m:
+        with PeakMemory(point.get("device", "cpu")) as m:
             result = fn()
         out[role][phase] = max(out[role].get(phase, 0), m.peak)
         if os.environ.get("MEMORY_PLAN_DEBUG"):
@@ -168,7 +184,7 @@ def run_point(point: dict) -> dict[str, dict[str, float]]:
         port = s.getsockname()[1]
     procs = []
     for rank in range(ranks):
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(ranks), "LOCAL_RANK": str(rank),
                "LOCAL_WORLD_SIZE": str(ranks)}
         procs.append(subprocess.Popen([sys.executable, __file__, "--child", json.dumps(point), str(rank)], env=env,
@@ -194,6 +210,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="four single-rank points")
     parser.add_argument("--tolerance", type=float, default=0.15)
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cuda: one rank on the GPU, measured with torch.cuda.max_memory_allocated")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -202,7 +220,7 @@ def main() -> None:
     models = ["smollm2"] if args.only_smollm2 else ["tiny"] + (["smollm2"] if args.smollm2 else [])
     rows, worst = [], 0.0
     started = time.time()
-    for point in grid(models, args.quick):
+    for point in grid(models, args.quick, args.device):
         measured, predicted = run_point(point), predictions(point)
         for role in measured:
             for phase, m in measured[role].items():
@@ -213,7 +231,7 @@ def main() -> None:
                              "predicted_bytes": int(p), "error": round(error, 4)})
                 print(f"{label(point):60s} {role:12s} {phase:22s} measured {m / 2**20:9.2f} MiB  predicted "
                       f"{p / 2**20:9.2f} MiB  {error:+.1%}", flush=True)
-    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": "cpu", "tolerance": args.tolerance,
+    result = {"date": time.strftime("%Y-%m-%d %H:%M"), "device": args.device, "tolerance": args.tolerance,
               "prompt_tokens": PROMPT_TOKENS, "response_tokens": RESPONSE_TOKENS, "n": N,
               "max_abs_error": round(worst, 4), "seconds": round(time.time() - started, 1),
               "load_average": list(os.getloadavg()), "rows": rows}

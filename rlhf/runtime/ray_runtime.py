@@ -21,9 +21,13 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-import ray
-from ray.util.placement_group import placement_group, remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+try:  # optional where only LocalRuntime runs (a bare GPU machine): RayRuntime says so when it starts
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+except ImportError as _missing:
+    ray = None
+    _RAY_MISSING = _missing
 
 from rlhf.runtime.dist_env import ActorSite, distributed_env
 from rlhf.runtime.group import WorkerGroup
@@ -174,6 +178,11 @@ class RayRuntime:
         self._owns_cluster = False  # whether that call started a local cluster (which goes with ray.shutdown)
 
     def _init(self, plan: Plan) -> None:
+        if ray is None:
+            raise ImportError(
+                f"RayRuntime needs Ray, which is not importable here ({_RAY_MISSING}): install it "
+                "(`pip install ray`), or run in-process with `--config fiddler:local` (LocalRuntime)."
+            )
         if ray.is_initialized():
             return  # someone else's connection: they shut it down
         needed = sum(g.cpus_per_worker * g.num_workers for g in plan.groups.values() if not g.colocate_with)

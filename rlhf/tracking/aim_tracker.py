@@ -19,9 +19,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import aim
-import aimrocks.errors
-from aim.sdk.index_manager import RepoIndexManager
+try:  # optional where runs are not tracked (a bare GPU machine, `fiddler:no_tracking`): AimTracker says so
+    import aim
+    import aimrocks.errors
+    from aim.sdk.index_manager import RepoIndexManager
+except ImportError as _missing:
+    aim = None
+    _AIM_MISSING = _missing
 
 __all__ = ["AimTracker", "TrackedRun", "Status"]
 
@@ -55,6 +59,9 @@ class AimTracker:
         system_tracking_interval: float | None = None,
         capture_terminal_logs: bool = False,
     ) -> None:
+        if aim is None:
+            raise ImportError(f"AimTracker needs Aim, which is not importable here ({_AIM_MISSING}): install it "
+                              "(`pip install aim`), or run without tracking (`--config fiddler:no_tracking`).")
         self.repo = open_repo(str(repo))
         self.experiment = experiment
         self.artifacts_uri = artifacts_uri or Path(self.repo.path, "artifacts").absolute().as_uri()
