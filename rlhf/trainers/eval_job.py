@@ -38,7 +38,7 @@ import numpy as np
 from rlhf.data.files import fingerprint_rows, read_rows
 from rlhf.data.schema import ground_truth
 from rlhf.rewards.manager import Reward
-from rlhf.rewards.registry import EXTRACTORS, Extractor
+from rlhf.rewards.registry import EXTRACTORS, Extractor, rule_key
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.eval_metrics import best_at_k, bootstrap_ci, maj_at_k, mean_at_n, pass_at_k
 from rlhf.trainers.generate import GenerationStage
@@ -124,7 +124,8 @@ def evaluate_scores(
         notes = [f"k={k} skipped: only n={n} responses per prompt" for k in ks if k > n]
         use_ks = sorted({k for k in ks if k <= n})
         per_prompt: dict[str, list[float]] = defaultdict(list)
-        extract = extractors.get(source)
+        key = rule_key(extractors, source)
+        extract = extractors[key] if key is not None else None
         if extract is None and use_ks:
             notes.append(f"no maj@k: no answer extractor for data_source {source!r}")
         for i in indices:
