@@ -14,7 +14,7 @@ from rlhf.rewards.arithmetic import arithmetic_answer, digit_match_score, exact_
 from rlhf.rewards.code import code_score
 from rlhf.rewards.combined import CombinedReward
 from rlhf.rewards.countdown import countdown_score
-from rlhf.rewards.final_answer import FinalAnswerScorer, final_answer, lenient_answers
+from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, final_answer, lenient_answers
 from rlhf.rewards.gsm8k import gsm8k_answer, gsm8k_flexible, gsm8k_score, gsm8k_strict
 from rlhf.rewards.manager import (
     Batched,
@@ -26,7 +26,7 @@ from rlhf.rewards.manager import (
 )
 from rlhf.rewards.math import is_equivalent, last_boxed, math_answer, math_score
 from rlhf.rewards.pool import WorkerPoolError
-from rlhf.rewards.reasoning_gym import reasoning_gym_score
+from rlhf.rewards.reasoning_gym import reasoning_gym_lenient_score, reasoning_gym_score
 from rlhf.rewards.registry import (
     EXTRACTORS,
     RULES,
@@ -52,6 +52,7 @@ __all__ = [
     "Batched",
     "CombinedReward",
     "FinalAnswerScorer",
+    "LenientScorer",
     "Reward",
     "RewardManager",
     "RewardOutput",
@@ -67,6 +68,7 @@ __all__ = [
     "digit_match_score",
     "final_answer",
     "lenient_answers",
+    "reasoning_gym_lenient_score",
     "reasoning_gym_score",
     "rule_key",
     "gsm8k_flexible",

@@ -115,3 +115,24 @@ class FinalAnswerScorer:
 
     def __repr__(self) -> str:
         return f"FinalAnswerScorer({getattr(self.inner, '__name__', self.inner)!r})"
+
+
+class LenientScorer:
+    """`FinalAnswerScorer(inner)`'s "lenient" value as the score: right, format aside. For validation beside the
+    strict reward (`Evaluator(aux_rewards={"lenient": RewardManager({...: LenientScorer(inner)})})` logs
+    `val-aux/<source>/lenient/mean@<n>`), not for training: the last number of a wrong derivation is often right."""
+
+    def __init__(self, inner: AnswerScore) -> None:
+        self.scorer = FinalAnswerScorer(inner)
+
+    def __call__(self, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+        return self.scorer(solution_str, ground_truth, extra_info)["lenient"]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LenientScorer) and other.scorer == self.scorer
+
+    def __hash__(self) -> int:
+        return hash((LenientScorer, self.scorer))
+
+    def __repr__(self) -> str:
+        return f"LenientScorer({getattr(self.scorer.inner, '__name__', self.scorer.inner)!r})"

@@ -20,7 +20,7 @@ import functools
 import json
 from typing import Any
 
-from rlhf.rewards.final_answer import FinalAnswerScorer
+from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer
 
 SOURCE_PREFIX = "reasoning_gym/"
 """data_source of task T: SOURCE_PREFIX + T."""
@@ -147,3 +147,12 @@ def reasoning_gym_score(solution_str: str, ground_truth: Any, extra_info: dict) 
     else the last \\boxed{}), 0 without one; "lenient": the best score over `lenient_answers`; "format": 1/0;
     "partial": 1 where the score is partial credit} (`FinalAnswerScorer`)."""
     return _SCORER(solution_str, ground_truth, extra_info)
+
+
+_LENIENT = LenientScorer(task_answer_score)
+
+
+def reasoning_gym_lenient_score(solution_str: str, ground_truth: Any, extra_info: dict) -> float:
+    """`reasoning_gym_score`'s "lenient" value as a score: for a held-out evaluator's aux reward, beside the
+    strict one (`scorers={"reasoning_gym/*": reasoning_gym_lenient_score}`)."""
+    return _LENIENT(solution_str, ground_truth, extra_info)

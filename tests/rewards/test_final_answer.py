@@ -5,7 +5,7 @@ import pickle
 import pytest
 
 from rlhf.rewards import RewardManager, exact_match_score
-from rlhf.rewards.final_answer import FinalAnswerScorer, final_answer, lenient_answers
+from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, final_answer, lenient_answers
 
 
 @pytest.mark.parametrize(("response", "expected"), [
@@ -82,3 +82,11 @@ def test_final_answer_scorer_in_a_reward_manager_pickles_and_reports_its_extras(
                                                ["42"] * 3, [None] * 3)
     assert out.scores == [1.0, 0.0, 0.0]
     assert out.extras == {"lenient": [1.0, 1.0, 0.0], "format": [1.0, 0.0, 1.0], "partial": [0.0, 0.0, 0.0]}
+
+
+def test_lenient_scorer_scores_the_lenient_value_for_an_aux_reward():
+    lenient = LenientScorer(exact_match_score)
+    assert [lenient(r, "42") for r in ("Answer: 42", "6*7 = 42", "Answer: 41", "no")] == [1.0, 1.0, 0.0, 0.0]
+    assert pickle.loads(pickle.dumps(lenient)) == lenient
+    out = RewardManager({"arithmetic": lenient})(["42", "Answer: 41"], ["arithmetic"] * 2, ["42"] * 2, [None] * 2)
+    assert out.scores == [1.0, 0.0] and out.extras == {}

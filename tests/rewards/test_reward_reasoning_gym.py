@@ -10,6 +10,7 @@ from rlhf.rewards.final_answer import final_answer  # noqa: E402
 from rlhf.rewards.reasoning_gym import (  # noqa: E402
     metadata_from_json,
     metadata_json,
+    reasoning_gym_lenient_score,
     reasoning_gym_score,
     task_dataset,
 )
@@ -30,6 +31,7 @@ def test_right_in_the_format_scores_1_right_without_it_only_leniently_and_wrong_
     assert reasoning_gym_score(f"Let me think.\nAnswer: {truth}", truth, extra) == {
         "score": 1.0, "lenient": 1.0, "format": 1.0, "partial": 0.0}
     assert reasoning_gym_score(truth, truth, extra) == {"score": 0.0, "lenient": 1.0, "format": 0.0, "partial": 0.0}
+    assert reasoning_gym_lenient_score(truth, truth, extra) == 1.0  # for a held-out aux reward
     # wrong: "zebra" contains no task's answer here, so even the tasks' substring credit gives 0
     assert reasoning_gym_score("Answer: zebra", truth, extra) == {
         "score": 0.0, "lenient": 0.0, "format": 1.0, "partial": 0.0}
