@@ -72,6 +72,7 @@ from rlhf.workers.objectives import PolicyObjective, SFTObjective
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.algorithms import use_gae_with_critic
 from rlhf_configs.pieces import policy_group, tiny_model
+from rlhf_configs.rows import limit_rows
 
 NAME = "arithmetic_tiny"
 
@@ -289,15 +290,15 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     sft.total_steps = 40
     sft.batch_size = sft.policy.worker.training.micro_batch_size = 64
     sft.policy.worker.lr_scheduler.num_warmup_steps = 5
-    sft.data.rows.n = 256  # shared with the RL stage: tokenizing 7000 prompts took most of a smoke run
+    limit_rows(sft.data, 256)  # shared with the RL stage: tokenizing 7000 prompts took most of a smoke run
     rl = cfg.stages["grpo"]
-    rl.train_data.rows.n = 256
+    limit_rows(rl.train_data, 256)
     rl.total_steps = 2
     rl.critic_warmup = min(rl.critic_warmup, 1)  # `ppo`'s 5: the actor still trains at step 2
     rl.prompts_per_step = 4
     rl.records = fdl.Partial(RolloutRecorder, max_groups_per_step=None)
     for stage in cfg.stages.values():
-        stage.evaluator.dataset.rows.n = 32
+        limit_rows(stage.evaluator.dataset, 32)
     rl.reward.scorers = {"arithmetic": digit_match_score}  # a fiddler may have given the RL stage its own reward
     sft.evaluator.reward.scorers = {"arithmetic": digit_match_score}  # shared by every evaluator
 

@@ -29,6 +29,7 @@ from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.eval_job import EvalJob
 from rlhf.trainers.generate import GenerationStage
 from rlhf_configs.pieces import policy_group, tiny_model
+from rlhf_configs.rows import limit_rows
 
 NAME = "generate_and_eval"
 
@@ -64,7 +65,7 @@ def base(model: str | None = None, n: int = 8) -> fdl.Config[Experiment]:
 
 def smoke(cfg: fdl.Config[Experiment]) -> None:
     """Eight prompts, four samples each (tests and quick checks)."""
-    cfg.stages["eval"].generation.dataset.rows.n = 8
+    limit_rows(cfg.stages["eval"].generation.dataset, 8)
     cfg.stages["eval"].generation.sampling.n = 4
     cfg.stages["eval"].ks = (1, 2, 4)
 

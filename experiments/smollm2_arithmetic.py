@@ -49,6 +49,7 @@ from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.pieces import policy_group
+from rlhf_configs.rows import limit_rows
 
 NAME = "smollm2_arithmetic"
 INSTRUCTION = "Answer with only the number."
@@ -145,8 +146,8 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     rl.prompts_per_step = 2
     rl.sampling.n = 2
     rl.sampling.max_new_tokens = 4
-    rl.train_data.rows.rows.n = 16
-    rl.evaluator.dataset.rows.rows.n = 4
+    limit_rows(rl.train_data, 16)
+    limit_rows(rl.evaluator.dataset, 4)
     rl.evaluator.sampling.max_new_tokens = 4
 
 

@@ -62,6 +62,7 @@ from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.pieces import policy_group
+from rlhf_configs.rows import limit_rows
 
 NAME = "smollm2_python_tool"
 SYSTEM_PROMPT = (
@@ -156,7 +157,7 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     sft = cfg.stages["sft"]
     sft.total_steps = 2
     sft.batch_size = sft.policy.worker.training.micro_batch_size = 4
-    sft.data.rows.rows.n = 16
+    limit_rows(sft.data, 16)
     rl = cfg.stages["grpo"]
     rl.total_steps = 1
     rl.prompts_per_step = 2
@@ -165,9 +166,9 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     rl.records.sample_rate = 1.0
     rl.rollout.max_turns = 2
     rl.rollout.max_response_tokens = 160
-    rl.train_data.rows.n = 16
+    limit_rows(rl.train_data, 16)
     for stage in (sft, rl):
-        stage.evaluator.dataset.rows.n = 2
+        limit_rows(stage.evaluator.dataset, 2)
         stage.evaluator.sampling.max_new_tokens = 40
         stage.evaluator.rollout.max_turns = 2
 

@@ -53,6 +53,7 @@ from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import PolicyObjective, SFTObjective
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.pieces import policy_group, tiny_model
+from rlhf_configs.rows import limit_rows
 
 NAME = "tool_calculator"
 DIGITS = 4
@@ -161,13 +162,15 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
         sft.total_steps = 30
         sft.batch_size = sft.policy.worker.training.micro_batch_size = 32
         sft.policy.worker.lr_scheduler.num_warmup_steps = 5
-    cfg.stages["sft"].data.rows.rows.n = 256  # shared by every stage's training rows
+    for name in ("sft", "no_tool_sft"):  # one rows node shared by every stage's training rows, unless yours
+        limit_rows(cfg.stages[name].data, 256)
+    limit_rows(cfg.stages["grpo"].train_data, 256)
     rl = cfg.stages["grpo"]
     rl.total_steps = 2
     rl.prompts_per_step = 4
     rl.records.sample_rate = 1.0
     for stage in cfg.stages.values():
-        stage.evaluator.dataset.rows.n = 16
+        limit_rows(stage.evaluator.dataset, 16)
 
 
 if __name__ == "__main__":

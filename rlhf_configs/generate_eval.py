@@ -1,4 +1,4 @@
-"""The graphs of `rlhf generate` and `rlhf eval`: plain experiments that run_experiment runs."""
+"""The graphs of `rlhf generate`, `rlhf eval` and `rlhf probe`: plain experiments that run_experiment runs."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.tracking.query import producer_run
 from rlhf.trainers.eval_job import EvalJob
 from rlhf.trainers.generate import RESPONSES_PER_CALL, GenerationStage
+from rlhf.trainers.probe import ProbeJob
 from rlhf_configs.pieces import policy_group
 
 
@@ -139,3 +140,25 @@ def eval_experiment(
         parent_run=_parent(aim_repo, model) if model else _parent(aim_repo, generations, "generations"),
     )
     return _root("eval", stage, local=local or generation is None, aim_repo=aim_repo, progress=progress)
+
+
+def probe_experiment(
+    model: str, data: str, out: str | None = None, budgets: tuple[int, ...] = (16, 32, 64, 128, 256),
+    max_new_tokens: int = 512, batch_size: int | None = None, max_prompt_length: int = 1024, workers: int = 1,
+    gpus_per_worker: float = 0, dtype: str = "float32", local: bool = False, aim_repo: str | None = None,
+    progress: bool = True, engine: str = "auto", limit: int | None = None, scorer: Scorer | None = None,
+    scorers: dict[str, Scorer] | None = None, max_cut: float = 0.05,
+):
+    """`rlhf probe`: a ProbeJob over (the first `limit` rows of) `model` x `data`, greedy, one response per row,
+    generated into `<out without .json>.generations.jsonl` (resumable) and scored as `rlhf eval` scores; the
+    report goes to `out` (None: the stage folder's probe.json)."""
+    generations = None if out is None else str(Path(out).with_suffix("")) + ".generations.jsonl"
+    generation = generation_stage(
+        model, data, generations, n=1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
+        batch_size=batch_size, max_prompt_length=max_prompt_length, workers=workers,
+        gpus_per_worker=gpus_per_worker, dtype=dtype, parent_run=_parent(aim_repo, model), engine=engine,
+        limit=limit, kind="prompt",
+    )
+    stage = fdl.Config(ProbeJob, generation=generation, reward=reward_manager(scorer, scorers),
+                       budgets=tuple(budgets), out=out, max_cut=max_cut)
+    return _root("probe", stage, local=local, aim_repo=aim_repo, progress=progress)

@@ -21,7 +21,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "[env] installing dependencies into $venv (first time: a few minutes)" >&2
   # torch first, pinned: the CPU build found locally; never an unpinned torch.
   pip_quiet install -c "$root/constraints.txt" torch
-  pip_quiet install -c "$root/constraints.txt" -e "$root[test,gguf]"
+  pip_quiet install -c "$root/constraints.txt" -e "$root[test,gguf,tasks]"
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

@@ -10,7 +10,7 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 "$python" -m venv "$tmp/venv"
 "$tmp/venv/bin/python" -m pip install -q torch==2.13.0
-"$tmp/venv/bin/python" -m pip install -q -c <(echo torch==2.13.0) -e "$root[test,gguf]"
+"$tmp/venv/bin/python" -m pip install -q -c <(echo torch==2.13.0) -e "$root[test,gguf,tasks]"
 {
   echo "# The versions set-up installs (scripts/env.sh: pip install -c constraints.txt). Results in the README"
   echo "# were measured with these. Regenerate with scripts/lock.sh (Python 3.11, Linux x86_64)."

@@ -9,7 +9,7 @@ Nothing below this package parses arguments, prints results or loads experiment 
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
 - `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
-- `generate_eval`: `rlhf generate` and `rlhf eval`.
+- `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe`.
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
 
@@ -42,6 +42,7 @@ USAGE = """usage: rlhf COMMAND ...
   rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
   rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
   rlhf eval MODEL --data FILE --n 8 [--out DIR]   generate, then score
+  rlhf probe MODEL --data FILE [--limit 64]      before training: greedy accuracy, answer lengths, what budgets cut
   rlhf serve MODEL [--port 8000 --api-key KEY]    an OpenAI-compatible server (completions, chat)
   rlhf doctor [--json]                            versions, devices and what `auto` picks here, for bug reports
 
@@ -142,9 +143,9 @@ def _command(command: str, rest: list[str]) -> int:
         from rlhf_configs.sft import main as sft
 
         return sft(rest)
-    if command in ("generate", "eval"):
-        from rlhf.cli.generate_eval import eval_main, generate_main
+    if command in ("generate", "eval", "probe"):
+        from rlhf.cli.generate_eval import eval_main, generate_main, probe_main
 
-        return {"generate": generate_main, "eval": eval_main}[command](rest)
+        return {"generate": generate_main, "eval": eval_main, "probe": probe_main}[command](rest)
     sys.exit(f"error: unknown command {command!r}\n\n{USAGE}")
 

@@ -1,4 +1,4 @@
-"""`rlhf generate MODEL --data FILE --out FILE` and `rlhf eval ...`: the flags, the graph, the run.
+"""`rlhf generate MODEL --data FILE --out FILE`, `rlhf eval ...` and `rlhf probe ...`: the flags, the graph, the run.
 
 The graphs come from `rlhf_configs.generate_eval` (plain experiments); this module parses the
 flags (defaults from the graph builders' signatures), checks what it can before any model
@@ -25,9 +25,9 @@ from rlhf.rewards import RewardManager, scorers_with
 from rlhf.rewards.manager import UnknownDataSourceError
 from rlhf.runtime.experiment import run_experiment
 from rlhf.runtime.preflight import PreflightError
-from rlhf_configs.generate_eval import eval_experiment, generation_experiment
+from rlhf_configs.generate_eval import eval_experiment, generation_experiment, probe_experiment
 
-__all__ = ["eval_main", "generate_main", "load_scorer"]
+__all__ = ["eval_main", "generate_main", "load_scorer", "probe_main"]
 
 
 def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
@@ -81,15 +81,18 @@ def load_scorer(spec: str) -> tuple[str | None, Callable]:
     return source or None, scorer
 
 
-def _sampling_parser(prog: str, builder):
-    """The flags shared by `rlhf generate` and `rlhf eval`; defaults come from `builder`'s signature."""
+def _sampling_parser(prog: str, builder, sampling: bool = True):
+    """The flags shared by `rlhf generate`, `rlhf eval` and (without the `sampling` ones: it is greedy, one
+    response per prompt) `rlhf probe`; defaults come from `builder`'s signature."""
     d = {name: p.default for name, p in inspect.signature(builder).parameters.items()}
     p = _Parser(prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", help="prompts: .parquet / .jsonl / .json rows in verl's schema")
     p.add_argument("--limit", type=POSITIVE, default=d["limit"], help="use the first N prompts of --data only")
-    p.add_argument("--n", type=POSITIVE, default=d["n"], help="responses per prompt")
-    p.add_argument("--temperature", type=_number(float, 0), default=d["temperature"], help="0 is greedy")
-    p.add_argument("--top-p", type=_number(float, 0, 1, low_open=True), default=d["top_p"], help="nucleus sampling")
+    if sampling:
+        p.add_argument("--n", type=POSITIVE, default=d["n"], help="responses per prompt")
+        p.add_argument("--temperature", type=_number(float, 0), default=d["temperature"], help="0 is greedy")
+        p.add_argument("--top-p", type=_number(float, 0, 1, low_open=True), default=d["top_p"],
+                       help="nucleus sampling")
     p.add_argument("--max-new-tokens", type=POSITIVE, default=d["max_new_tokens"], help="response length limit")
     p.add_argument("--batch-size", type=POSITIVE, default=d["batch_size"],
                    help="prompts per generate call, all workers (progress and appends come once per call); "
@@ -152,11 +155,12 @@ def _data_sources(path: str, kind: str, limit: int | None) -> set[str]:
             datasets.enable_progress_bars()
 
 
-def _common(args) -> dict:
-    return dict(n=args.n, temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.max_new_tokens,
-                batch_size=args.batch_size, max_prompt_length=args.max_prompt_length, workers=args.workers,
-                gpus_per_worker=args.gpus_per_worker, dtype=args.dtype, engine=args.engine, local=args.local,
-                aim_repo=args.aim_repo, progress=not args.quiet, limit=args.limit)
+def _common(args, sampling: bool = True) -> dict:
+    common = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                  max_prompt_length=args.max_prompt_length, workers=args.workers, gpus_per_worker=args.gpus_per_worker,
+                  dtype=args.dtype, engine=args.engine, local=args.local, aim_repo=args.aim_repo,
+                  progress=not args.quiet, limit=args.limit)
+    return {**common, **(dict(n=args.n, temperature=args.temperature, top_p=args.top_p) if sampling else {})}
 
 
 def generate_main(argv: Sequence[str]) -> int:
@@ -209,6 +213,32 @@ def eval_main(argv: Sequence[str]) -> int:
     result = _run(graph)["eval"]
     if result.get("run_hash"):
         print(f"aim run: {result['run_hash']}")
+    return 0
+
+
+def probe_main(argv: Sequence[str]) -> int:
+    p, d = _sampling_parser("rlhf probe", probe_experiment, sampling=False)
+    p.add_argument("model", help="model folder (e.g. a checkpoint .../final) or hub id")
+    p.add_argument("--budgets", default=",".join(map(str, d["budgets"])),
+                   help="comma-separated max_new_tokens values: the share of responses each would cut")
+    p.add_argument("--out", default=None, help="the JSON report (the generations go beside it, "
+                   "<name>.generations.jsonl, resumable); None: outputs/probe/<time>/probe/probe.json")
+    args = p.parse_args(argv)
+    if not args.data:
+        p.error("--data FILE is required (rows with a ground truth, e.g. from `rlhf data prepare`)")
+    try:
+        budgets = tuple(int(b) for b in args.budgets.split(","))
+    except ValueError:
+        p.error(f"--budgets must be comma-separated integers, got {args.budgets!r}")
+    if min(budgets) < 1:
+        p.error(f"--budgets must be positive, got {args.budgets!r}")
+    if max(budgets) >= args.max_new_tokens:
+        print(f"note: --max-new-tokens {args.max_new_tokens} does not exceed the largest budget {max(budgets)}: "
+              "what it cuts is measured only as a lower bound", file=sys.stderr)
+    scoring = _scorers(p, args.scorer)
+    _check_sources(_data_sources(args.data, "prompt", args.limit), **scoring)
+    _run(probe_experiment(args.model, args.data, args.out, budgets=budgets, **_common(args, sampling=False),
+                          **scoring))
     return 0
 
 

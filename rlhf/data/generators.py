@@ -25,10 +25,13 @@ GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after 
 """verl's GSM8K instruction, appended to every question (verl examples/data_preprocess/gsm8k.py)."""
 
 
-def problem_split(key: str) -> Split:
-    """The split a problem belongs to, from a sha256 of its canonical key (process-independent)."""
+def problem_split(key: str, test_percent: int = TEST_PERCENT) -> Split:
+    """The split a problem belongs to, from a sha256 of its canonical key (process-independent).
+
+    test_percent: the share of all keys (in %) that belong to the test split.
+    """
     bucket = int.from_bytes(hashlib.sha256(key.encode("utf-8")).digest()[:8], "big") % 100
-    return "test" if bucket < TEST_PERCENT else "train"
+    return "test" if bucket < test_percent else "train"
 
 
 def _check_args(generator: str, n: int, split: str) -> None:

@@ -2,6 +2,8 @@
 
 Tasks:
 - `arithmetic`, `countdown`, `gsm8k_synthetic`: offline, seeded generators (`rlhf.data.generators`).
+- `reasoning_gym/<task>`: any of reasoning-gym's ~100 offline generators (`rlhf.data.reasoning_gym`; the `tasks`
+  extra), with its settings from `--set key=value`.
 - `gsm8k`: openai/gsm8k ("main"), converted exactly as verl's examples/data_preprocess/gsm8k.py.
 - `math`: DigitalLearningGmbH/MATH-lighteval, as verl's examples/data_preprocess/math_dataset.py.
 
@@ -13,14 +15,17 @@ which needs no `datasets` and no network.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from rlhf.data.files import fingerprint_rows, write_rows
 from rlhf.data.generators import GSM8K_INSTRUCTION, arithmetic_rows, countdown_rows, gsm8k_like_rows
+from rlhf.data.reasoning_gym import reasoning_gym_rows
 from rlhf.data.schema import DataError, to_python
 from rlhf.rewards.math import last_boxed
 
@@ -33,6 +38,9 @@ GENERATED: dict[str, Callable[..., list[dict]]] = {
 
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
 """verl's MATH instruction, appended to every problem (verl examples/data_preprocess/math_dataset.py)."""
+
+REASONING_GYM = "reasoning_gym/"
+"""Command-line prefix of reasoning-gym's tasks: `reasoning_gym/leg_counting`."""
 
 SPLITS = ("train", "test")
 GENERATED_TRAIN_ROWS, GENERATED_TEST_ROWS = 1000, 100
@@ -152,9 +160,10 @@ def _parser() -> argparse.ArgumentParser:
         prog="rlhf data prepare",
         description="Write DIR/train.parquet and DIR/test.parquet in verl's prompt schema.",
     )
-    parser.add_argument("task", choices=[*GENERATED, *HUB], help="what data to prepare")
+    parser.add_argument("task", help=f"what data to prepare: {', '.join([*GENERATED, *HUB])}, or {REASONING_GYM}<task> "
+                                     f"(any reasoning-gym task, e.g. {REASONING_GYM}leg_counting)")
     parser.add_argument("--out", required=True, type=Path, help="output directory (created if missing)")
-    parser.add_argument("--n", type=int, default=None,
+    parser.add_argument("--n", "--size", type=int, default=None,
                         help=f"train rows (generated tasks: default {GENERATED_TRAIN_ROWS}; hub tasks: the first N, "
                              "default all)")
     parser.add_argument("--n-test", type=int, default=None,
@@ -162,7 +171,42 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="generator seed (generated tasks only)")
     parser.add_argument("--local", type=Path, default=None,
                         help="hub tasks: read the dataset's files from this path instead of the hub")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
+                        help=f"{REASONING_GYM}<task> only: a generator setting (e.g. --set min_terms=2; the value is "
+                             "read as JSON, else as text); an unknown key lists the task's settings")
     return parser
+
+
+def unknown_task(task: str) -> str | None:
+    """Why `task` is no task of `rlhf data prepare` (naming the tasks), or None when it is one."""
+    if task in GENERATED or task in HUB or task.startswith(REASONING_GYM):
+        return None  # a reasoning-gym name is checked when its rows are made (the list needs reasoning-gym)
+    return (f"unknown task {task!r}. Tasks: {', '.join([*GENERATED, *HUB])}, and {REASONING_GYM}<task> for any "
+            f"reasoning-gym task (e.g. {REASONING_GYM}leg_counting)")
+
+
+def generator(task: str, settings: list[str]) -> Callable[..., list[dict]] | None:
+    """The row generator (`n, seed=, split=`) of a generated task, None for a hub task; a ValueError for
+    settings given to a task that takes none."""
+    if task.startswith(REASONING_GYM):
+        return functools.partial(reasoning_gym_rows, task[len(REASONING_GYM):], **parse_settings(settings))
+    if settings:
+        raise ValueError(f"--set is for {REASONING_GYM}<task> only; {task!r} takes no settings")
+    return GENERATED[task] if task in GENERATED else None
+
+
+def parse_settings(settings: list[str]) -> dict[str, Any]:
+    """{key: value} of `--set key=value` flags; each value read as JSON (2, true, [1, 3]), else kept as text."""
+    parsed: dict[str, Any] = {}
+    for setting in settings:
+        key, sep, text = setting.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--set {setting!r}: expected KEY=VALUE, e.g. --set min_terms=2")
+        try:
+            parsed[key.strip()] = json.loads(text)
+        except json.JSONDecodeError:
+            parsed[key.strip()] = text
+    return parsed
 
 
 
@@ -172,19 +216,22 @@ def main(argv: list[str] | None = None) -> int:
         args = _parser().parse_args(argv)
     except SystemExit as exit_:  # --help, or a usage error argparse already printed
         return int(exit_.code or 0)
+    if unknown_task(args.task):
+        print(f"rlhf data prepare: {unknown_task(args.task)}", file=sys.stderr)
+        return 2
     counts = {"train": args.n, "test": args.n_test}
     for split, n in counts.items():
         if n is not None and n < 0:
             print(f"rlhf data prepare: --n{'-test' if split == 'test' else ''} must be >= 0, got {n}", file=sys.stderr)
             return 1
     try:
-        if args.task in GENERATED:
+        generate = generator(args.task, args.settings)
+        if generate is not None:
             if args.local is not None:
                 print(f"rlhf data prepare {args.task}: --local is for hub tasks ({', '.join(HUB)}); "
                       "generated tasks need no input.", file=sys.stderr)
                 return 1
             defaults = {"train": GENERATED_TRAIN_ROWS, "test": GENERATED_TEST_ROWS}
-            generate = GENERATED[args.task]
             splits = {
                 split: generate(defaults[split] if n is None else n, seed=args.seed, split=split)
                 for split, n in counts.items()
@@ -210,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    except (DataError, ValueError) as err:
+    except (DataError, ValueError, ImportError) as err:  # ImportError: reasoning-gym is not installed
         print(f"rlhf data prepare {args.task}: {err}", file=sys.stderr)
         return 1
     for split in SPLITS:

@@ -31,9 +31,19 @@ from datasets.fingerprint import Hasher
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
-from rlhf.data.arrow import as_rows, cache_key, cached_map, load_file, rows_fingerprint, source_name, tokenizer_key
+from rlhf.data.arrow import (
+    as_rows,
+    cache_key,
+    cached_map,
+    load_file,
+    mark_source,
+    rows_fingerprint,
+    source_name,
+    tokenizer_key,
+)
 from rlhf.data.schema import DataError, ground_truth
 from rlhf.data.tokenize import chat_prompt_ids_batch, left_pad, position_ids, right_pad, shuffled_batches
+from rlhf.ranges import PositiveInt
 
 
 def answer_from_ground_truth(row: Mapping) -> str:
@@ -321,10 +331,14 @@ def load_sft_rows(
     path: str,
     cache_dir: str | None = None,  # None: $HF_DATASETS_CACHE (see rlhf.data.arrow.cache_root)
     num_proc: int | None = None,  # processes for validating; None: one per core from 50k rows
+    limit: PositiveInt | None = None,  # keep the first `limit` rows only; None: all
 ) -> datasets.Dataset:
     """Rows of a parquet / JSON Lines / JSON file for an SFTDataset, as a validated Arrow dataset: verl
     prompt rows (checked against the schema, as `load_rows`) or chat rows with `messages` (checked by SFTDataset)."""
-    return load_file(path, kind="sft", cache_dir=cache_dir, num_proc=num_proc)[0]
+    rows = load_file(path, kind="sft", cache_dir=cache_dir, num_proc=num_proc)[0]
+    if limit is not None and limit < len(rows):
+        rows = mark_source(rows.select(range(limit)), source_name(rows, str(path)))
+    return rows
 
 
 def _preflight(arguments: Mapping) -> None:

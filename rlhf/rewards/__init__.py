@@ -6,13 +6,15 @@ options are bound with `functools.partial` (or `fdl.Partial` in a graph), never 
 batched scorers (`Batched`) and DAPO overlong shaping; `CombinedReward` sums weighted rewards;
 `code_score` runs a response's program against test cases in a sandbox (`rlhf.rewards.sandbox`).
 `RULES` (rlhf.rewards.registry) is the one table of each data_source's scorer and maj@k answer
-extractor; `default_scorers()` and `default_extractors()` read it.
+extractor; `default_scorers()` and `default_extractors()` read it. `FinalAnswerScorer` scores free-form
+responses by their "Answer: ..." line; `reasoning_gym_score` does so with reasoning-gym's task scorers.
 """
 
 from rlhf.rewards.arithmetic import arithmetic_answer, digit_match_score, exact_match_score
 from rlhf.rewards.code import code_score
 from rlhf.rewards.combined import CombinedReward
 from rlhf.rewards.countdown import countdown_score
+from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, final_answer, lenient_answers
 from rlhf.rewards.gsm8k import gsm8k_answer, gsm8k_flexible, gsm8k_score, gsm8k_strict
 from rlhf.rewards.manager import (
     Batched,
@@ -24,6 +26,7 @@ from rlhf.rewards.manager import (
 )
 from rlhf.rewards.math import is_equivalent, last_boxed, math_answer, math_score
 from rlhf.rewards.pool import WorkerPoolError
+from rlhf.rewards.reasoning_gym import reasoning_gym_lenient_score, reasoning_gym_score
 from rlhf.rewards.registry import (
     EXTRACTORS,
     RULES,
@@ -31,6 +34,7 @@ from rlhf.rewards.registry import (
     SourceRules,
     default_extractors,
     default_scorers,
+    rule_key,
     scorers_with,
 )
 from rlhf.rewards.sandbox import SandboxError
@@ -47,6 +51,8 @@ __all__ = [
     "math_answer",
     "Batched",
     "CombinedReward",
+    "FinalAnswerScorer",
+    "LenientScorer",
     "Reward",
     "RewardManager",
     "RewardOutput",
@@ -60,6 +66,11 @@ __all__ = [
     "scorers_with",
     "exact_match_score",
     "digit_match_score",
+    "final_answer",
+    "lenient_answers",
+    "reasoning_gym_lenient_score",
+    "reasoning_gym_score",
+    "rule_key",
     "gsm8k_flexible",
     "gsm8k_score",
     "gsm8k_strict",

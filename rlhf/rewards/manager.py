@@ -1,7 +1,8 @@
 """`RewardManager`: score a batch of responses, each with the scorer of its data source.
 
 The scorers are a plain dict from data_source to function, chosen by whoever builds
-the manager (in Python or in the experiment graph), e.g.::
+the manager (in Python or in the experiment graph); a key ending in "*" covers every data_source
+it prefixes ("reasoning_gym/*"; `rlhf.rewards.registry.rule_key`), e.g.::
 
     RewardManager({"openai/gsm8k": gsm8k_score,
                    "countdown": functools.partial(countdown_score, format_score=0.0)})
@@ -56,6 +57,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from rlhf.rewards.pool import Outcome, WorkerPool
+from rlhf.rewards.registry import rule_key
 
 logger = logging.getLogger(__name__)
 
@@ -213,7 +215,8 @@ class RewardManager:
 
     def check_sources(self, data_sources: Iterable[str]) -> None:
         """Raise `UnknownDataSourceError` if any data_source has no scorer (call before training)."""
-        unknown = sorted({str(s) for s in data_sources} - set(self.scorers)) if self.default is None else []
+        sources = {str(s) for s in data_sources} if self.default is None else set()
+        unknown = sorted(s for s in sources if rule_key(self.scorers, s) is None)
         if unknown:
             raise UnknownDataSourceError(
                 f"no reward scorer for data_source {', '.join(map(repr, unknown))}; scorers are known "
@@ -339,7 +342,7 @@ class RewardManager:
         causes: dict[int, BaseException] = {}
         batched: dict[str, list[int]] = {}
         pooled: list[int] = []
-        keys = [source if source in self.scorers else "" for source in data_sources]  # "": the default scorer
+        keys = [rule_key(self.scorers, source) or "" for source in data_sources]  # "": the default scorer
         for i, key in enumerate(keys):
             (pooled if key in self._pooled else batched.setdefault(key, [])).append(i)
         for source, rows in batched.items():

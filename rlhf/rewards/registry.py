@@ -6,19 +6,26 @@ the same answer). Keeping both in one row means adding a task, or a source name,
 and the two can never list different sources. Everything else looks them up here, by the
 data_source name each row carries: `default_scorers()` for `RewardManager`, `EXTRACTORS` (the
 default of `EvalJob.extractors`) for majority voting.
+
+A key ending in "*" names a family of sources: "reasoning_gym/*" judges "reasoning_gym/leg_counting" and
+every other task of reasoning-gym (each row's `extra_info` names its task). `rule_key` is the one lookup
+every table user goes through (the exact name first, then the longest family covering it), so a scorer
+table given to `RewardManager` may hold families too ("myorg/*": my_score).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any, NoReturn
 
 from rlhf.rewards.arithmetic import arithmetic_answer, exact_match_score
 from rlhf.rewards.code import code_score
 from rlhf.rewards.countdown import countdown_score
 from rlhf.rewards.gsm8k import gsm8k_answer, gsm8k_score
+from rlhf.rewards.final_answer import final_answer
 from rlhf.rewards.math import MATH_SOURCES, math_answer, math_score
+from rlhf.rewards.reasoning_gym import SOURCE_PREFIX, reasoning_gym_score
 
 Scorer = Callable[..., "float | dict"]
 Extractor = Callable[[str], "Hashable | None"]
@@ -40,6 +47,19 @@ class FrozenDict(dict):
         return (type(self), (dict(self),))
 
 
+FAMILY = "*"
+"""A table key ending in FAMILY covers every data_source that starts with the rest of the key."""
+
+
+def rule_key(table: Mapping[str, Any], source: str) -> str | None:
+    """The key of `table` that judges data_source `source`: `source` itself if present, else the longest
+    family key ("reasoning_gym/*") whose prefix starts `source`; None when no key covers it."""
+    if source in table:
+        return source
+    families = [key for key in table if key.endswith(FAMILY) and source.startswith(key[: -len(FAMILY)])]
+    return max(families, key=len, default=None)
+
+
 @dataclasses.dataclass(frozen=True)
 class SourceRules:
     """How one data_source's responses are judged."""
@@ -54,6 +74,7 @@ RULES: FrozenDict = FrozenDict({
     "openai/gsm8k": SourceRules(gsm8k_score, gsm8k_answer),
     **{source: SourceRules(math_score, math_answer) for source in MATH_SOURCES},
     **{source: SourceRules(code_score) for source in CODE_SOURCES},  # a program: no shared answer either
+    SOURCE_PREFIX + FAMILY: SourceRules(reasoning_gym_score, final_answer),  # every reasoning-gym task
 })
 """data_source -> its scorer and answer extractor (read-only)."""
 

@@ -37,8 +37,8 @@ import numpy as np
 
 from rlhf.data.files import fingerprint_rows, read_rows
 from rlhf.data.schema import ground_truth
-from rlhf.rewards.manager import Reward
-from rlhf.rewards.registry import EXTRACTORS, Extractor
+from rlhf.rewards.manager import Reward, RewardOutput
+from rlhf.rewards.registry import EXTRACTORS, Extractor, rule_key
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.eval_metrics import best_at_k, bootstrap_ci, maj_at_k, mean_at_n, pass_at_k
 from rlhf.trainers.generate import GenerationStage
@@ -70,10 +70,8 @@ class SourceResult:
     notes: list[str] = dataclasses.field(default_factory=list)
 
 
-def score_generations(
-    rows: Sequence[Mapping], reward: Reward, max_new_tokens: int | None = None
-) -> tuple[list[list[float]], dict[str, float]]:
-    """Each row's response scores (scored in one reward call, by data_source), and the reward's metrics.
+def reward_generations(rows: Sequence[Mapping], reward: Reward, max_new_tokens: int | None = None) -> RewardOutput:
+    """The reward of every response of `rows` (flat, row after row), in one reward call, with its extras.
 
     max_new_tokens: the generation limit of the responses, for overlong shaping; a generations
     file does not record it, so it is known only when this job generated them.
@@ -82,7 +80,7 @@ def score_generations(
     lengths = None
     if all(len(row.get("response_lengths") or []) == len(row["responses"]) for row in rows):
         lengths = [n for row in rows for n in row["response_lengths"]]  # for overlong shaping
-    out = reward(
+    return reward(
         [text for _, text in flat],
         [row["data_source"] for row, _ in flat],
         [ground_truth(row) for row, _ in flat],
@@ -90,6 +88,14 @@ def score_generations(
         response_lengths=lengths,
         max_new_tokens=max_new_tokens,
     )
+
+
+def score_generations(
+    rows: Sequence[Mapping], reward: Reward, max_new_tokens: int | None = None
+) -> tuple[list[list[float]], dict[str, float]]:
+    """Each row's response scores (scored in one reward call, by data_source), and the reward's metrics
+    (`reward_generations`)."""
+    out = reward_generations(rows, reward, max_new_tokens)
     scores, start = [], 0
     for row in rows:
         scores.append(out.scores[start : start + len(row["responses"])])
@@ -124,7 +130,8 @@ def evaluate_scores(
         notes = [f"k={k} skipped: only n={n} responses per prompt" for k in ks if k > n]
         use_ks = sorted({k for k in ks if k <= n})
         per_prompt: dict[str, list[float]] = defaultdict(list)
-        extract = extractors.get(source)
+        key = rule_key(extractors, source)
+        extract = extractors[key] if key is not None else None
         if extract is None and use_ks:
             notes.append(f"no maj@k: no answer extractor for data_source {source!r}")
         for i in indices:
@@ -224,7 +231,8 @@ def plot_accuracy_vs_k(results: Mapping[str, SourceResult], path: Path) -> Path:
     return path
 
 
-def _write_json(path: Path, payload: Mapping[str, Any]) -> None:
+def write_json(path: Path, payload: Mapping[str, Any]) -> None:
+    """`payload` as indented JSON at `path`, atomically (a temporary file, then a rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(payload, indent=1, sort_keys=False) + "\n", encoding="utf-8")
@@ -328,7 +336,7 @@ class EvalJob:
             except ImportError:
                 warnings.warn("matplotlib is not installed: no accuracy_vs_k.png (pip install matplotlib)")
         report = out_dir / RESULTS_FILE
-        _write_json(report, {
+        write_json(report, {
             "generations": str(path),
             "ks": list(self.ks),
             "correct_score": self.correct_score,

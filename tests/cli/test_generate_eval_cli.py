@@ -1,6 +1,8 @@
-"""`rlhf generate` / `rlhf eval` from the command line: bad numbers and unknown data sources fail in one
-line before any model loads; `--scorer module:function` (a file beside the data) and `--limit` work."""
+"""`rlhf generate` / `rlhf eval` / `rlhf probe` from the command line: bad numbers and unknown data sources fail in one
+line before any model loads; `--scorer module:function` (a file beside the data) and `--limit` work; the probe's
+numbers are those of its generations file."""
 
+import importlib.util
 import json
 import time
 from pathlib import Path
@@ -125,3 +127,57 @@ def test_rlhf_eval_and_generate_on_smollm2_with_a_scorer_and_limit_finish_quickl
                  "--max-new-tokens", "64", "--local", "--quiet"]) == 0
     assert len((tmp_path / "g.jsonl").read_text().splitlines()) == 2
     assert time.monotonic() - start < 300  # ~40 s on an idle core
+
+
+PROBE_SCORER = '''
+def by_truth(response, ground_truth, extra_info=None):
+    """A scorer whose verdict varies by row (the tiny model answers every prompt alike): right when the
+    answer is even, leniently right also when it ends in 1 or 3; "format" when it ends in 0."""
+    last = int(ground_truth) % 10
+    return {"score": float(last % 2 == 0), "lenient": float(last % 2 == 0 or last in (1, 3)), "format": float(last == 0)}
+'''
+
+
+def test_rlhf_probe_reports_accuracy_lengths_and_budget_cuts_from_its_generations(tmp_path, monkeypatch, capsys):
+    (tmp_path / "probe_rewards.py").write_text(PROBE_SCORER)
+    monkeypatch.chdir(tmp_path)
+    data = str(write_rows(arithmetic_rows(12, split="test"), tmp_path / "sums.parquet"))
+    out = tmp_path / "probe" / "report.json"
+    assert main(["probe", tiny_model_path(), "--data", data, "--limit", "10", "--max-new-tokens", "12",
+                 "--budgets", "16,4,8", "--scorer", "probe_rewards:by_truth", "--local", "--quiet",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    rows = [json.loads(line) for line in (tmp_path / "probe" / "report.generations.jsonl").read_text().splitlines()]
+    assert report["generations"] == str(tmp_path / "probe" / "report.generations.jsonl") and len(rows) == 10
+    assert all(len(r["responses"]) == 1 and r["generation_settings"]["temperature"] == 0.0 for r in rows)  # greedy
+    import numpy as np
+    import probe_rewards
+
+    lengths = [r["response_lengths"][0] for r in rows]
+    verdicts = [probe_rewards.by_truth(r["responses"][0], r["reward_model"]["ground_truth"]) for r in rows]
+    assert report["length"] == {"median": float(np.median(lengths)), "p90": float(np.percentile(lengths, 90)),
+                                "max": max(lengths), "mean": float(np.mean(lengths))}
+    assert report["strict_accuracy"] == sum(v["score"] for v in verdicts) / 10
+    assert report["lenient_accuracy"] == sum(v["lenient"] for v in verdicts) / 10
+    assert report["format_rate"] == sum(v["format"] for v in verdicts) / 10
+    assert 0 < report["strict_accuracy"] < report["lenient_accuracy"] < 1  # the scorer's verdicts vary by row
+    assert [b["budget"] for b in report["budgets"]] == [4, 8, 16]
+    assert [b["cut"] for b in report["budgets"]] == [sum(n > b for n in lengths) / 10 for b in (4, 8, 16)]
+    assert report["budgets"][2]["lower_bound"] == (max(lengths) >= 12)  # 16 is above the probe's own limit
+    assert f"accuracy: strict {report['strict_accuracy']:.1%}, lenient {report['lenient_accuracy']:.1%}" in printed
+    assert f"recommendation: {report['recommendation']}" in printed
+
+
+@pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="reasoning-gym is not installed")
+def test_rlhf_probe_scores_reasoning_gym_rows_with_the_default_scorers(tmp_path, capsys):
+    from rlhf.data.reasoning_gym import reasoning_gym_rows
+
+    data = str(write_rows(reasoning_gym_rows("leg_counting", 3, split="test"), tmp_path / "legs.parquet"))
+    assert main(["probe", tiny_model_path(), "--data", data, "--max-new-tokens", "4", "--budgets", "2",
+                 "--local", "--quiet", "--out", str(tmp_path / "legs.json")]) == 0
+    report = json.loads((tmp_path / "legs.json").read_text())
+    assert report["lenient_reported"] and report["format_rate"] is not None  # reasoning_gym_score's extras
+    assert report["by_source"]["reasoning_gym/leg_counting"]["rows"] == 3
+    line = fails(["probe", MISSING_MODEL, "--data", data, "--budgets", "8,x"], capsys)
+    assert "--budgets must be comma-separated integers, got '8,x'" in line

@@ -107,6 +107,8 @@ def test_load_sft_rows_reads_chat_and_prompt_rows(tmp_path, tok):
     back = to_rows(loaded)
     assert back[0] == rows[0] and back[1]["prompt"] == rows[1]["prompt"]
     assert len(SFTDataset(loaded, tok)) == 2
+    first = load_sft_rows(str(path), limit=1)  # what a smoke run reads of a user's file (rlhf_configs.rows)
+    assert to_rows(first) == back[:1] and len(load_sft_rows(str(path), limit=5)) == 2
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"data_source": "x"}))
     with pytest.raises(DataError, match="row 0"):

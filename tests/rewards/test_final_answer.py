@@ -1,0 +1,92 @@
+"""The final answer of a free-form response, the format-blind candidates, and FinalAnswerScorer's dict."""
+
+import pickle
+
+import pytest
+
+from rlhf.rewards import RewardManager, exact_match_score
+from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, final_answer, lenient_answers
+
+
+@pytest.mark.parametrize(("response", "expected"), [
+    ("50*6 = 300\nAnswer: 300", "300"),
+    ("Answer: 7", "7"),
+    ("answer: 7", "7"),  # any case
+    ("ANSWER:7", "7"),
+    ("**Answer:** 42", "42"),  # markdown bold, three ways
+    ("**Answer: 42**", "42"),
+    ("Answer: **42**", "42"),
+    ("  Answer: 42  ", "42"),  # indented
+    ("Answer: 292.", "292"),  # a full stop after a number ends the sentence
+    ("Answer: 3.5", "3.5"),
+    ("Answer: 1, 2, 3", "1, 2, 3"),
+    ("Answer: `b, a`", "b, a"),
+    ("Answer: 1\nthen again\nAnswer: 2", "2"),  # the LAST one
+    ("Answer:\n1 0\n0 1", "1 0\n0 1"),  # a grid on the lines after it
+    ("Answer: 12<|im_end|>", "12"),  # end-of-turn markers dropped
+    ("The Answer: 5", None),  # not at the start of a line
+    ("My answer: 5", None),
+    ("Answer:", None),  # nothing after it
+    ("so \\boxed{18}", "18"),  # no "Answer:": the last \boxed{}
+    ("\\boxed{1} or \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
+    ("\\boxed{3}\nAnswer: 4", "4"),  # "Answer:" wins over \boxed
+    ("The answer is 300", None),
+    ("", None),
+])
+def test_final_answer(response, expected):
+    assert final_answer(response) == expected
+
+
+@pytest.mark.parametrize(("response", "expected"), [
+    ("Answer: 300", ["300", "Answer: 300"]),  # the final answer, the last line (the number repeats: dropped)
+    ("50*6 = 300", ["50*6 = 300", "300"]),  # last line, last number
+    ("I think\nthe total is 1,234.", ["the total is 1,234", "1234"]),  # full stop and commas out
+    ("Answer: b, a\n", ["b, a", "Answer: b, a"]),
+    ("It is -7 degrees", ["It is -7 degrees", "-7"]),
+    ("no digits here", ["no digits here"]),
+    ("   \n  ", []),
+])
+def test_lenient_answers(response, expected):
+    assert lenient_answers(response) == expected
+
+
+@pytest.mark.parametrize(("response", "expected"), [
+    ("Answer: 42", {"score": 1.0, "lenient": 1.0, "format": 1.0, "partial": 0.0}),
+    ("6*7 = 42\nAnswer: 42", {"score": 1.0, "lenient": 1.0, "format": 1.0, "partial": 0.0}),
+    ("42", {"score": 0.0, "lenient": 1.0, "format": 0.0, "partial": 0.0}),  # right, format ignored
+    ("6*7 = 42", {"score": 0.0, "lenient": 1.0, "format": 0.0, "partial": 0.0}),
+    ("Answer: 41", {"score": 0.0, "lenient": 0.0, "format": 1.0, "partial": 0.0}),  # format right, answer wrong
+    ("6*7 = 42\nAnswer: 41", {"score": 0.0, "lenient": 0.0, "format": 1.0, "partial": 0.0}),  # 42 is no candidate
+    ("no idea", {"score": 0.0, "lenient": 0.0, "format": 0.0, "partial": 0.0}),
+])
+def test_final_answer_scorer_scores_exact_match_through_the_answer_line(response, expected):
+    assert FinalAnswerScorer(exact_match_score)(response, "42", None) == expected
+
+
+def test_final_answer_scorer_marks_partial_credit_and_reads_dict_scores():
+    def half(answer, truth, extra):  # a partial-credit scorer returning dicts
+        return {"score": 1.0 if answer == truth else 0.5 if truth in answer else 0.0}
+
+    scorer = FinalAnswerScorer(half)
+    assert scorer("Answer: 142", "42") == {"score": 0.5, "lenient": 0.5, "format": 1.0, "partial": 1.0}
+    # lenient: the candidates "142" and "Answer: 142" score a half each; "x 42" has the whole truth in its number
+    assert scorer("x 42", "42") == {"score": 0.0, "lenient": 1.0, "format": 0.0, "partial": 0.0}
+    with pytest.raises(TypeError, match="scorer of answers"):
+        FinalAnswerScorer("exact")
+
+
+def test_final_answer_scorer_in_a_reward_manager_pickles_and_reports_its_extras():
+    scorer = FinalAnswerScorer(exact_match_score)
+    assert pickle.loads(pickle.dumps(scorer)) == scorer  # sent to reward worker processes and Ray workers
+    out = RewardManager({"arithmetic": scorer})(["Answer: 42", "42", "Answer: 41"], ["arithmetic"] * 3,
+                                               ["42"] * 3, [None] * 3)
+    assert out.scores == [1.0, 0.0, 0.0]
+    assert out.extras == {"lenient": [1.0, 1.0, 0.0], "format": [1.0, 0.0, 1.0], "partial": [0.0, 0.0, 0.0]}
+
+
+def test_lenient_scorer_scores_the_lenient_value_for_an_aux_reward():
+    lenient = LenientScorer(exact_match_score)
+    assert [lenient(r, "42") for r in ("Answer: 42", "6*7 = 42", "Answer: 41", "no")] == [1.0, 1.0, 0.0, 0.0]
+    assert pickle.loads(pickle.dumps(lenient)) == lenient
+    out = RewardManager({"arithmetic": lenient})(["42", "Answer: 41"], ["arithmetic"] * 2, ["42"] * 2, [None] * 2)
+    assert out.scores == [1.0, 0.0] and out.extras == {}
