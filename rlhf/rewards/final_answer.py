@@ -136,3 +136,46 @@ class LenientScorer:
 
     def __repr__(self) -> str:
         return f"LenientScorer({getattr(self.scorer.inner, '__name__', self.scorer.inner)!r})"
+
+
+class RightAnswerReward:
+    """A reward that pays only for right answers: `score` (right in the asked-for form: 1.0) when the response has
+    a final answer, else `unformatted_credit` x `lenient` (right, read as a reader ignoring the format would).
+
+    Why: a small model rarely writes the asked-for form at first (SmolLM2-135M: 1 response in 64), so a reward for
+    the form alone gives GRPO nothing to compare; credit for any form that looks like an answer is farmable (the
+    policy learns to emit plausible wrong answers). Here every credited sample is right, and a right answer in the
+    form always earns more than one without it, so the form is learnt only as a way to be right more often.
+    A wrong answer earns 0 however it looks. `partial` is 1.0 when the reward came only from the unformatted
+    credit, which the RL metrics report per step (`reward_extra/<source>/partial/mean`)."""
+
+    def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.5) -> None:
+        if not callable(scorer):
+            raise TypeError(f"RightAnswerReward: scorer must be a FinalAnswerScorer-like callable, got {scorer!r}")
+        if not 0.0 <= unformatted_credit < 1.0:
+            raise ValueError(f"RightAnswerReward: unformatted_credit must be in [0, 1), got {unformatted_credit}: "
+                             "a right answer in the asked-for form must earn more than one without it")
+        self.scorer = scorer
+        self.unformatted_credit = unformatted_credit
+
+    def __call__(self, solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
+        result = self.scorer(solution_str, ground_truth, extra_info)
+        judged = dict(result) if isinstance(result, Mapping) else {"score": result}
+        missing = {"score", "lenient", "format"} - judged.keys()
+        if missing:
+            raise ValueError(f"RightAnswerReward: its scorer returned {sorted(judged)}, without {sorted(missing)}; "
+                             "wrap a scorer of bare answers in FinalAnswerScorer")
+        unformatted = judged["format"] == 0.0 and judged["lenient"] > 0.0
+        reward = self.unformatted_credit * judged["lenient"] if unformatted else judged["score"]
+        return {**judged, "score": reward, "strict": judged["score"],
+                "partial": 1.0 if unformatted or 0.0 < judged["score"] < 1.0 else 0.0}
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, RightAnswerReward) and other.scorer == self.scorer
+                and other.unformatted_credit == self.unformatted_credit)
+
+    def __hash__(self) -> int:
+        return hash((RightAnswerReward, self.scorer, self.unformatted_credit))
+
+    def __repr__(self) -> str:
+        return f"RightAnswerReward({self.scorer!r}, unformatted_credit={self.unformatted_credit})"

@@ -5,7 +5,10 @@ import pickle
 import pytest
 
 from rlhf.rewards import RewardManager, exact_match_score
-from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, final_answer, lenient_answers
+from hypothesis import given
+from hypothesis import strategies as st
+
+from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, RightAnswerReward, final_answer, lenient_answers
 
 
 @pytest.mark.parametrize(("response", "expected"), [
@@ -90,3 +93,38 @@ def test_lenient_scorer_scores_the_lenient_value_for_an_aux_reward():
     assert pickle.loads(pickle.dumps(lenient)) == lenient
     out = RewardManager({"arithmetic": lenient})(["42", "Answer: 41"], ["arithmetic"] * 2, ["42"] * 2, [None] * 2)
     assert out.scores == [1.0, 0.0] and out.extras == {}
+
+
+# RightAnswerReward: credit only for right answers; the form earns more than no form; a wrong answer earns 0.
+@pytest.mark.parametrize("response, reward, partial", [
+    ("Answer: 111", 1.0, 0.0),                          # right, in the form
+    ("18 + 93 = 111", 0.5, 1.0),                        # right, no form: the unformatted credit (partial)
+    ("The sum is 111.\nAnswer: 111", 1.0, 0.0),
+    ("Answer: 112", 0.0, 0.0),                          # wrong in the form: nothing for looking right
+    ("18 + 93 = 112", 0.0, 0.0),                        # wrong without it
+    ("Answer: 112\n", 0.0, 0.0),
+    ("111\nAnswer: 112", 0.0, 0.0),                     # the form is read first: a right guess before it earns nothing
+    ("", 0.0, 0.0),
+])
+def test_right_answer_reward_pays_only_for_right_answers(response, reward, partial):
+    judged = RightAnswerReward(FinalAnswerScorer(exact_match_score))(response, "111")
+    assert (judged["score"], judged["partial"]) == (reward, partial)
+    assert judged["strict"] == (1.0 if reward == 1.0 else 0.0)
+
+
+@given(st.text(max_size=40), st.floats(0.0, 0.99))
+def test_right_answer_reward_never_exceeds_strict_unless_right_and_never_pays_a_wrong_answer(response, credit):
+    reward = RightAnswerReward(FinalAnswerScorer(exact_match_score), unformatted_credit=credit)
+    judged = reward(response, "42")
+    assert judged["score"] <= max(judged["strict"], credit * judged["lenient"])
+    if judged["lenient"] == 0.0:
+        assert judged["score"] == 0.0
+    if judged["format"] == 1.0:
+        assert judged["score"] == judged["strict"]
+
+
+def test_right_answer_reward_refuses_a_credit_that_would_rank_no_form_above_the_form():
+    with pytest.raises(ValueError, match=r"unformatted_credit must be in \[0, 1\)"):
+        RightAnswerReward(FinalAnswerScorer(exact_match_score), unformatted_credit=1.0)
+    with pytest.raises(ValueError, match="without"):
+        RightAnswerReward(exact_match_score)("Answer: 1", "1")

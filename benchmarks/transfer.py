@@ -1,0 +1,218 @@
+"""Does the default recipe transfer? experiments/smollm2_tasks.py, unchanged, on a panel of tasks: base vs trained.
+
+    OMP_NUM_THREADS=1 python benchmarks/transfer.py                       # the panel below, 2 tasks at a time
+    python benchmarks/transfer.py --tasks reasoning_gym/aiw,arithmetic --parallel 1 --steps 12
+    python benchmarks/transfer.py --tasks 'reasoning_gym/chain_sum={"max_terms": 2}'   # settings as JSON
+
+Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thread): held-out validation on the
+recipe's 200 test rows before training, then `--steps` GRPO steps, then validation again. Reported per task
+(fractions of the held-out rows, greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for
+"Answer:" form), `base_lenient` / `trained_lenient` (right, format aside), a Wilson 95% interval of the trained
+accuracy, training minutes (the steps' own time, validation excluded), steps, and the curve (every step's
+training score and the share of it that came from the half credit). Writes `transfer-<time>.json` (under
+benchmarks/results only with --out benchmarks/results; by default into a temporary folder) with top-level
+`tasks`, the targets and whether each task met them.
+
+The panel's settings were chosen before any training, from `rlhf probe` on 64 held-out rows each, where the base
+model is between 5% and 80% lenient; nothing in the recipe was set per task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import datetime
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PANEL = [
+    "arithmetic",
+    'reasoning_gym/basic_arithmetic={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}',
+    "reasoning_gym/syllogism",
+    "reasoning_gym/aiw",
+    'reasoning_gym/letter_counting={"min_words": 3, "max_words": 5}',
+    "reasoning_gym/family_relationships",
+    'reasoning_gym/chain_sum={"min_terms": 2, "max_terms": 2, "max_digits": 2}',
+    'reasoning_gym/leg_counting={"min_animals": 1, "max_animals": 2, "max_instances": 3}',
+]
+TARGETS = {"min_gain": 0.10, "mean_gain": 0.15, "not_below_base_lenient": True}
+
+
+def parse_task(spec: str) -> tuple[str, dict]:
+    """"task" or "task={json settings}" -> (task, settings)."""
+    task, _, settings = spec.partition("=")
+    return task, json.loads(settings) if settings else {}
+
+
+def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
+    """Wilson's 95% interval of a proportion `p` over `n` rows."""
+    if n == 0:
+        return [0.0, 1.0]
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
+
+
+class CurveTracker:
+    """A tracker that keeps every logged step's metrics in memory (the child's run is its only run)."""
+
+    curve: list[dict] = []
+    hash = None
+
+    def start_run(self, stage: str, **lineage) -> CurveTracker:
+        return self
+
+    def track(self, metrics: Mapping[str, float], step: int) -> None:
+        CurveTracker.curve.append({"step": step, **{k: float(v) for k, v in metrics.items()
+                                                    if isinstance(v, (int, float))}})
+        point = {k: round(v, 4) for k, v in CurveTracker.curve[-1].items()
+                 if k in ("step", "critic/score/mean", "timing_s/step") or k.startswith("val-")
+                 and k.endswith("mean@1")}
+        print(json.dumps(point), flush=True)
+
+    def set_params(self, params: Mapping) -> None:
+        pass
+
+    def __enter__(self) -> CurveTracker:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        return False
+
+
+def source_of(task: str) -> str:
+    return "arithmetic" if task == "arithmetic" else task
+
+
+def run_task(task: str, settings: dict, steps: int, out: Path) -> dict:
+    """One task, in this process: the recipe's graph, local, untracked; returns the task's row of the panel."""
+    import fiddle as fdl
+    import torch
+
+    torch.set_num_threads(1)
+    from rlhf.cli.experiment import build_graph, load_experiment
+    from rlhf.runtime.experiment import run_experiment
+
+    recipe = load_experiment(str(ROOT / "experiments" / "smollm2_tasks.py"))
+    commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps})", "fiddler:local", "fiddler:quiet"]
+    graph, _ = build_graph(recipe, commands)
+    graph.tracker = fdl.Config(CurveTracker)
+    graph.output_dir = str(out)
+    source = source_of(task)
+    strict, lenient = f"val-core/{source}/reward/mean@1", f"val-aux/{source}/lenient/mean@1"
+    started = time.perf_counter()
+    metrics = run_experiment(graph)["grpo"]["metrics"]
+    wall = time.perf_counter() - started
+    validations = [p for p in CurveTracker.curve if strict in p]
+    base, trained = validations[0], metrics
+    rows = graph.stages["grpo"].evaluator.dataset.rows.n if hasattr(graph.stages["grpo"].evaluator.dataset.rows, "n") \
+        else None
+    train_s = sum(p.get("timing_s/step", 0.0) for p in CurveTracker.curve)
+    partial = f"reward_extra/{source}/partial/mean"
+    return {
+        "task": task, "settings": settings, "heldout_rows": rows,
+        "base_accuracy": round(base[strict], 4), "trained_accuracy": round(trained[strict], 4),
+        "base_lenient": round(base[lenient], 4), "trained_lenient": round(trained[lenient], 4),
+        "ci95": wilson(trained[strict], rows or 200),
+        "gain": round(trained[strict] - base[strict], 4),
+        "train_minutes": round(train_s / 60, 2), "wall_minutes": round(wall / 60, 2),
+        "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
+        "curve": [{"step": p["step"], "score": round(p["critic/score/mean"], 4),
+                   "partial_share": round(p[partial], 4) if partial in p else None,
+                   "response_length": round(p.get("response_length/mean", 0.0), 1)}
+                  for p in CurveTracker.curve if "critic/score/mean" in p],
+        "validations": [{"step": p["step"], "accuracy": round(p[strict], 4), "lenient": round(p.get(lenient, 0), 4)}
+                        for p in validations],
+    }
+
+
+def child(spec: str, steps: int, out: Path) -> int:
+    task, settings = parse_task(spec)
+    row = run_task(task, settings, steps, out)
+    print("RESULT " + json.dumps(row), flush=True)
+    return 0
+
+
+def spawn(spec: str, steps: int, workdir: Path) -> dict:
+    """Run one task in a fresh process (its log beside the results); its row, or the error."""
+    name = spec.split("=")[0].replace("/", "_")
+    log = workdir / f"{name}.log"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
+           "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT),
+                                                                                          os.environ.get("PYTHONPATH")]))}
+    with open(log, "w") as f:
+        done = subprocess.run([sys.executable, __file__, "--child", spec, "--steps", str(steps),
+                               "--workdir", str(workdir / name)], stdout=f, stderr=subprocess.STDOUT, env=env)
+    results = [line[len("RESULT "):] for line in log.read_text().splitlines() if line.startswith("RESULT ")]
+    if done.returncode or not results:
+        tail = log.read_text().strip().splitlines()[-5:]
+        return {"task": spec.split("=")[0], "error": tail, "log": str(log)}
+    row = json.loads(results[-1])
+    print(f"{row['task']:40s} {100 * row['base_accuracy']:5.1f}% -> {100 * row['trained_accuracy']:5.1f}% strict, "
+          f"lenient {100 * row['base_lenient']:5.1f}% -> {100 * row['trained_lenient']:5.1f}%, "
+          f"{row['train_minutes']:.1f} min", flush=True)
+    return row
+
+
+def verdict(rows: list[dict]) -> dict:
+    ok = [r for r in rows if "error" not in r]
+    gains = [r["gain"] for r in ok]
+    return {
+        "tasks_run": len(ok), "tasks_failed": len(rows) - len(ok),
+        "mean_gain": round(sum(gains) / len(gains), 4) if gains else None,
+        "every_task_gains_10_points": bool(ok) and all(g >= TARGETS["min_gain"] for g in gains),
+        "none_below_base_lenient": bool(ok) and all(r["trained_accuracy"] >= r["base_lenient"] for r in ok),
+        "mean_gain_15_points": bool(gains) and sum(gains) / len(gains) >= TARGETS["mean_gain"],
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", default=None, help="comma-separated task specs (default: the panel); a spec is "
+                        "'task' or 'task={json settings}', separated by ';' when settings hold commas")
+    parser.add_argument("--steps", type=int, default=12, help="GRPO steps per task (the recipe's default)")
+    parser.add_argument("--parallel", type=int, default=2, help="tasks at a time (one thread each)")
+    parser.add_argument("--out", default=None, help="folder for the JSON (default: a temporary folder)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--workdir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        return child(args.child, args.steps, Path(args.workdir))
+    specs = PANEL if args.tasks is None else [s for s in args.tasks.split(";" if ";" in args.tasks else ",") if s]
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="transfer-"))
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    workdir = Path(tempfile.mkdtemp(prefix=f"transfer-{stamp}-"))
+    load_before = os.getloadavg()
+    started = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        rows = list(pool.map(lambda s: spawn(s, args.steps, workdir), specs))
+    result = {
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+        "recipe": "experiments/smollm2_tasks.py (defaults)", "model": "SmolLM2-135M-Instruct, fp32, CPU",
+        "steps": args.steps, "parallel": args.parallel, "targets": TARGETS, "verdict": verdict(rows),
+        "wall_minutes": round((time.perf_counter() - started) / 60, 1),
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, one thread per task",
+        "command": " ".join(sys.argv), "logs": str(workdir), "tasks": rows,
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"transfer-{stamp}.json"
+    path.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["verdict"]))
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
