@@ -18,8 +18,10 @@ from typing import Any
 from rlhf.data.generators import Split, problem_split
 from rlhf.rewards.reasoning_gym import SOURCE_PREFIX, metadata_json, task_dataset
 
-ANSWER_INSTRUCTION = 'Give your final answer on the last line, in the form "Answer: <answer>".'
-"""Appended to every question: the form `rlhf.rewards.final_answer.final_answer` reads."""
+ANSWER_INSTRUCTION = 'End your reply with "The answer is <answer>."'
+"""Appended to every question: a form `rlhf.rewards.final_answer.final_answer` reads, and one a small instruct model
+follows: SmolLM2-135M-Instruct ended 23 of 24 greedy replies with it, against 1 of 24 for a last line "Answer: ..."
+(two-term arithmetic; 0 of 64 on leg counting)."""
 
 TEST_PERCENT = 50
 """Share of a task's questions (by hash) that belong to the test split: half, so each split draws ~2x."""

@@ -20,6 +20,8 @@ _BOLD = r"(?:\*\*|__)?"
 _ANSWER_LINE = re.compile(rf"^[ \t]*{_BOLD}[ \t]*answer[ \t]*{_BOLD}[ \t]*:[ \t]*{_BOLD}(?P<rest>)", re.I | re.M)
 # a number: optional sign, digits with optional thousands commas, optional decimals
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+# "The answer is 42." (what the default instruction asks for: small instruct models follow it), to the end of its line
+_ANSWER_IS = re.compile(rf"\bthe (?:final )?answer is[ \t]*:?[ \t]*{_BOLD}(?P<rest>[^\n]*)", re.I)
 
 
 def _without_end_markers(text: str) -> str:
@@ -46,12 +48,19 @@ def _clean(answer: str) -> str:
 
 def final_answer(response: str) -> str | None:
     """The text after the LAST line-initial "Answer:" (any case, markdown bold tolerated) to the end of the
-    response (answers may span lines: grids, lists), else the content of the last `\\boxed{...}`, else None.
-    An "Answer:" with nothing after it counts as absent."""
+    response (answers may span lines: grids, lists); else the rest of the line of the last "The answer is ..."
+    (the form `rlhf.data.reasoning_gym.ANSWER_INSTRUCTION` asks for), without a closing full stop; else the
+    content of the last `\\boxed{...}`; else None. A marker with nothing after it counts as absent."""
     text = _without_end_markers(response)
     matches = list(_ANSWER_LINE.finditer(text))
     if matches and _clean(text[matches[-1].start("rest"):]):
         return _clean(text[matches[-1].start("rest"):])
+    sentences = list(_ANSWER_IS.finditer(text))
+    if sentences:
+        answer = _clean(sentences[-1].group("rest"))
+        answer = answer[:-1].rstrip() if answer.endswith(".") else answer
+        if _clean(answer):
+            return _clean(answer)
     boxed = last_boxed(text)
     return boxed.strip() if boxed is not None and boxed.strip() else None
 

@@ -26,7 +26,7 @@ def test_rows_have_the_schema_of_our_generators():
     assert question.startswith("Your task is to count how many legs")
     assert row["reward_model"] == {"style": "rule", "ground_truth": row["extra_info"]["answer"]}
     assert row["extra_info"].keys() == {"split", "index", "task", "question", "answer", "metadata_json"}
-    assert ANSWER_INSTRUCTION.endswith('in the form "Answer: <answer>".')
+    assert ANSWER_INSTRUCTION == 'End your reply with "The answer is <answer>."'
     validate_row(row, source="rows", index=0)
 
 

@@ -21,6 +21,13 @@ from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, RightAns
     ("Answer: **42**", "42"),
     ("  Answer: 42  ", "42"),  # indented
     ("Answer: 292.", "292"),  # a full stop after a number ends the sentence
+    ("The answer is 2.", "2"),  # the default instruction's form
+    ("2 + 75\nThe answer is 2 times 75\nThe answer is 77", "77"),  # the last one, to the end of its line
+    ("The answer is **mother-in-law**.", "mother-in-law"),
+    ("The answer is Foundation, acute, go.", "Foundation, acute, go"),
+    ("So the final answer is: 3.14.", "3.14"),
+    ("I think the answer is", None),  # a marker with nothing after it counts as absent
+    ("The answer is 6\nAnswer: 5", "5"),  # an "Answer:" line comes first
     ("Answer: 3.5", "3.5"),
     ("Answer: 1, 2, 3", "1, 2, 3"),
     ("Answer: `b, a`", "b, a"),
@@ -33,7 +40,7 @@ from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, RightAns
     ("so \\boxed{18}", "18"),  # no "Answer:": the last \boxed{}
     ("\\boxed{1} or \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{3}\nAnswer: 4", "4"),  # "Answer:" wins over \boxed
-    ("The answer is 300", None),
+    ("The answer is 300", "300"),  # the sentence form, without a full stop too
     ("", None),
 ])
 def test_final_answer(response, expected):
