@@ -15,7 +15,8 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM
@@ -23,6 +24,7 @@ from transformers import AutoModelForCausalLM
 from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
+from rlhf.signatures import with_defaults
 from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
 from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path, same_model
 from rlhf.models.saving import make_portable, save_model_folder, save_tokenizer
@@ -37,12 +39,9 @@ from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
-from rlhf.workers.memory import (
-    MemoryEstimate, Placement, Term, Workload, between_updates, estimate, forward_terms, frozen_model_terms,
-    fsdp_forward_start_terms, fsdp_root_terms, generation_terms, largest, log_prob_block_terms, logit_terms,
-    micro_batch, model_shape, shared_prefix_backward_terms, shared_prefix_forward_terms,
-    shared_prefix_training_terms, trained_model_terms, training_activation_terms, update_terms,
-)
+from rlhf.workers.memory import MemoryEstimate, Placement, Workload
+from rlhf.workers.policy_memory import predict_policy_memory
+from rlhf.workers.policy_plan import SHARED_REFERENCE, PolicyPlan, plan_policy
 from rlhf.workers.state_io import unsharded_copy
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
@@ -98,20 +97,6 @@ def _response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) ->
         logits_to_keep=r + 1,
         use_cache=False,
     ).logits[:, :-1, :]
-
-
-SHARED_REFERENCE = "reference = the actor's base with its adapter disabled (no second copy: 0 MB)"
-
-
-def reference_is_base(adapter, ref_model_path, model_path) -> bool:
-    """Whether the reference policy is the adapted actor's own base model (then the actor with its adapter
-    disabled serves as the reference). Paths not known yet (an earlier stage's output) count as different."""
-    if adapter is None or not isinstance(ref_model_path, str) or not isinstance(model_path, str):
-        return False
-    try:
-        return same_model(ref_model_path, model_path)
-    except (OSError, ValueError):  # not there (yet): the preflight names it
-        return ref_model_path == model_path
 
 
 class RolloutGap:
@@ -185,14 +170,13 @@ class PolicyWorker(PublishesWeights):
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
     ):
+        self.plan = plan_policy(
+            model_path=model_path, objective=objective, ref_model_path=ref_model_path, engine=engine,
+            training=training, dtype=dtype, logits_block_elements=logits_block_elements,
+            fused_lm_head=fused_lm_head, adapter=adapter, shared_prefix=shared_prefix,
+            on_gpu=torch.cuda.is_available(),  # the device make_accelerator gives this process
+        )
         compute_dtype = training.compute_dtype
-        if objective is not None:
-            check_trainable_precision("PolicyWorker", dtype, compute_dtype)
-        if getattr(objective, "needs_ref", False) and ref_model_path is None:
-            raise ValueError(
-                "the policy objective has a KL loss against a reference policy, but PolicyWorker.ref_model_path "
-                "is None. Set ref_model_path (usually the initial model path) or remove the KL loss."
-            )
         self.objective = objective
         self.adapter = adapter
         self.tokenizer = load_tokenizer(model_path)
@@ -207,46 +191,42 @@ class PolicyWorker(PublishesWeights):
         if adapter is not None:  # (FSDP builds the module without a path, so PEFT could not know it)
             set_base_model(self.trainer.unwrapped(), self.base_model)
         self.ref_model = None
-        self.ref_is_base = reference_is_base(adapter, ref_model_path, model_path)
-        if ref_model_path is not None and not self.ref_is_base:
+        self.ref_is_base = self.plan.reference_is_base
+        if self.plan.reference_model:
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
             self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype)
             self.ref_model.eval().requires_grad_(False)
-        self.engine = for_policy(engine, model_path, self.trainer.unwrapped(), self.tokenizer,
+        self.engine = for_policy(self.plan.engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
         self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
         self._sync_unchecked_warned = False
-        # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
-        # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
-        fsdp = isinstance(self.trainer.strategy, FSDP)
-        if shared_prefix is None:
-            shared_prefix = not fsdp and not training.gradient_checkpointing
-        elif shared_prefix and training.gradient_checkpointing:
-            raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
-                             "turns off in training; set one of them to False")
-        self.shared_prefix = shared_prefix
+        self.shared_prefix = self.plan.shared_prefix
         self.logits_block_elements = logits_block_elements
         head_fusable = fusable_lm_head(self.trainer.unwrapped()) is not None
-        if fused_lm_head and not head_fusable:
+        if self.plan.fused_lm_head_required and not head_fusable:
             raise ValueError("PolicyWorker(fused_lm_head=True) needs a plain bias-free Linear LM head without hooks; "
                              f"{type(self.trainer.unwrapped()).__name__} has another. Set fused_lm_head=None or False.")
-        self.fused_lm_head = head_fusable and (fused_lm_head is None or fused_lm_head)
-        # a CPU has memory to spare and compute to save: keep the logits, turned into their gradient in
-        # place (one (B,T,V) tensor, where the model's own head allocates two); a GPU recomputes them
-        self.keep_logits = self.trainer.device.type != "cuda"
+        self.fused_lm_head = head_fusable and self.plan.fused_lm_head
+        self.keep_logits = self.plan.keep_logits
         self._log_placement()
 
-    @staticmethod
-    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
+    @classmethod
+    def resolve_plan(cls, arguments: Mapping[str, Any], on_gpu: bool) -> PolicyPlan:
+        """The plan of a worker built with `arguments` (the signature's defaults fill the rest) on a device
+        with or without a GPU: what `__init__`, `predict_memory` and `describe_placement` all read."""
+        return plan_policy(**with_defaults(cls, arguments), on_gpu=on_gpu)
+
+    @classmethod
+    def describe_placement(cls, arguments: dict, world_size: int, on_gpu: bool) -> str:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
-        training = arguments["training"]
-        models = {"actor": lambda: causal_lm_source(arguments["model_path"], arguments["dtype"])}
-        ref_is_base = reference_is_base(arguments.get("adapter"), arguments.get("ref_model_path"),
-                                        arguments["model_path"])
-        if arguments.get("ref_model_path") is not None and not ref_is_base:
-            models["reference"] = lambda: causal_lm_source(arguments["ref_model_path"], training.compute_dtype)
-        line = describe_placement(training.strategy, on_gpu, world_size, models)
-        return line + (f", {SHARED_REFERENCE}" if ref_is_base else "")
+        plan = cls.resolve_plan(arguments, on_gpu)
+        models = {"actor": lambda: causal_lm_source(plan.model_path, plan.dtype)}
+        if plan.reference_model:
+            models["reference"] = lambda: causal_lm_source(plan.ref_model_path, plan.compute_dtype)
+        if plan.engine_copy:
+            models["rollout engine"] = lambda: causal_lm_source(plan.model_path, plan.engine.dtype)
+        line = describe_placement(plan.training.strategy, on_gpu, world_size, models)
+        return line + (f", {SHARED_REFERENCE}" if plan.reference_is_base else "")
 
     def _log_placement(self) -> None:
         """Each rank says what it holds (under FSDP: its shards)."""
@@ -259,103 +239,24 @@ class PolicyWorker(PublishesWeights):
               f"({'sharing the actor' if getattr(self.engine, 'shares_weights', False) else 'own weights'})",
               flush=True)
 
-    @staticmethod
-    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+    @classmethod
+    def predict_memory(cls, arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
         """Peak memory of one rank per phase of a step, from the model config and these settings alone
-        (rlhf.workers.memory). `arguments`: this class's arguments with `training` and `engine` built;
+        (rlhf.workers.policy_memory). `arguments`: this class's arguments with `training` and `engine` built;
         `model_path`/`ref_model_path` may be `ModelShape`s instead of paths (tests, `rlhf plan --memory`)."""
-        training = arguments["training"]
-        shape = model_shape(arguments["model_path"])
-        compute, trained = training.compute_dtype, arguments.get("objective") is not None
-        on_gpu = placement.device == "cuda"
-        adapter = arguments.get("adapter") is not None
-        head = "lm"
-        if trained:
-            states = trained_model_terms(shape, head, placement, optimizer_states=0 if adapter else 2, label="actor")
-            device, host = states
-            if adapter:  # an adapter's gradients and optimizer state are a small fraction of the base
-                device = [t for t in device if "gradients" not in t.name and "DDP" not in t.name]
-        else:
-            device = frozen_model_terms(shape, head, arguments["dtype"], placement, "actor")
-            host = []
-        ref = arguments.get("ref_model_path")
-        shared_ref = adapter and (ref is arguments["model_path"]
-                                  or reference_is_base(arguments.get("adapter"), ref, arguments["model_path"]))
-        if ref is not None and not shared_ref:  # a LoRA reference that is the actor's base costs nothing
-            device += frozen_model_terms(model_shape(ref), head, compute, placement, "reference")
-        engine = arguments.get("engine")
-        options = getattr(engine, "keywords", {}) or {}
-        engine_cls = getattr(engine, "func", engine)
-        shares = getattr(engine_cls, "sharing", None) is not None
-        vllm_share: list[Term] = []
-        if not shares and workload.generate:
-            share = options.get("gpu_memory_utilization") or (0.5 if on_gpu else 0.05)
-            vllm_share = [Term(f"vLLM share ({share:g} of the device)", share * (placement.device_bytes or 0))]
-            if not on_gpu:  # vLLM's CPU build cannot sleep: its share stays through the update
-                device = device + vllm_share
-        fsdp = placement.fsdp
-        # a trained actor's FSDP root group stays gathered from its first forward to the end of its backward
-        root = fsdp_root_terms(shape, head, compute, placement, "actor") if trained else []
-        shared_prefix = arguments.get("shared_prefix")
-        if shared_prefix is None:
-            shared_prefix = not fsdp and not training.gradient_checkpointing
-        fused = arguments.get("fused_lm_head")
-        fused = True if fused is None else fused  # where the head allows it (a config alone cannot tell)
-        blocks = arguments.get("logits_block_elements")
-        p, r, n = workload.prompt_tokens, workload.response_tokens, workload.n
-        phases = []
-        if workload.generate:
-            if shares:
-                per_call = options.get("max_rows_per_call")
-                rows = workload.rows if per_call is None else min(workload.rows, max(n, per_call // n * n))
-                # gradient checkpointing hooks the layers, so decoding falls back to the model's own forward
-                lean = not training.gradient_checkpointing
-                gen = generation_terms(shape, rows, max(1, rows // n), p, r, compute, arguments["dtype"], placement,
-                                       lean=lean)
-            else:
-                gen = vllm_share if on_gpu else []
-            start = fsdp_forward_start_terms(shape, head, compute, placement) if shares else []
-            phases.append(("generation", between_updates(device) + (root if shares else []) + largest(gen, start)))
-        rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
-                                  training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
-        prompts = max(1, rows // n)
-        if shared_prefix and n > 1:
-            fwd = shared_prefix_forward_terms(shape, rows, prompts, p, r, compute)
-        else:
-            fwd = forward_terms(shape, rows, width, compute, placement)
-        fwd = fwd + logit_terms(shape, rows, r, compute, fused, False, placement.device, blocks)
-        phases.append(("log-probs (no grad)", between_updates(device) + root
-                       + largest(fwd, fsdp_forward_start_terms(shape, head, compute, placement))))
-        if trained:
-            mini = max(1, workload.rows // max(1, workload.mini_batches))
-            rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size,
-                                      training.max_tokens_per_micro_batch)
-            late = None
-            if shared_prefix and n > 1:
-                acts = shared_prefix_training_terms(shape, rows, max(1, rows // n), p, r, compute)
-                if not adapter:  # an adapter's gradients are a small fraction of the base
-                    late = shared_prefix_backward_terms(acts[0], shape.parameters(head))
-            else:
-                acts = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing,
-                                                 placement)
-            backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device, blocks,
-                                          with_blocks=False)
-            phases.append(("update", update_terms(
-                shape, head, compute, placement, device, backward, math.ceil(mini / rows), "actor",
-                frozen_base=adapter, blocks=log_prob_block_terms(shape, rows, r, True, placement.device, blocks),
-                late_backward=late, recomputed=acts if training.gradient_checkpointing else None)))
-        return estimate("policy", phases, host)
+        return predict_policy_memory(cls.resolve_plan(arguments, placement.device == "cuda"), workload, placement)
 
-    @staticmethod
-    def preflight(arguments: dict) -> None:
+    @classmethod
+    def preflight(cls, arguments: dict) -> None:
         """Before any stage runs (see rlhf.runtime.preflight_hooks): every model path given as a string must
         resolve, and a trained policy must keep fp32 master weights. `training` is a TrainingSetup or
         its unbuilt node: both answer attribute reads, with the signature's defaults."""
-        if arguments.get("objective") is not None:
-            check_trainable_precision("PolicyWorker", arguments["dtype"], arguments["training"].compute_dtype)
-        for key in ("model_path", "ref_model_path"):
-            if isinstance(arguments.get(key), str):
-                resolve_model_path(arguments[key])
+        a = with_defaults(cls, arguments)
+        if a["objective"] is not None:
+            check_trainable_precision("PolicyWorker", a["dtype"], a["training"].compute_dtype)
+        for path in (a["model_path"], a["ref_model_path"]):
+            if isinstance(path, str):
+                resolve_model_path(path)
 
     # ------------------------------------------------------------- rollout
     @shard
