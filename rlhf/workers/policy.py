@@ -3,146 +3,52 @@
 This is the hybrid engine: the rollout engine generates with the actor's own weights, and the
 frozen reference policy sits beside it for KL terms. With a LoRA adapter on the actor and the
 reference being the actor's own base model, there is no second model: the reference is the
-actor with its adapter disabled (as TRL and verl do), which costs no memory. The transformers
-engine shares the actor's module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
-actor's weights streamed in before the first rollout after an update, and sleeps while the
-trainer runs (docs/rollout_engines.md). One instance runs per data-parallel rank;
-`ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation across ranks.
-"""
+actor with its adapter disabled (as TRL and verl do), which costs no memory. One instance runs
+per data-parallel rank; `ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation
+across ranks.
+
+The worker generates, computes log-probs, updates and saves. What it holds is decided once by its
+plan (`rlhf.workers.policy_plan`), which its memory model reads too (`rlhf.workers.policy_memory`);
+the engine's wake, sleep and weight sync live in `rlhf.workers.policy_engine` (the transformers
+engine shares the actor's module, so its sync is free; any other holds its own copy, which gets the
+actor's weights streamed in before the first rollout after an update: docs/rollout_engines.md), and
+an adapter's merged-and-alone save in `rlhf.workers.adapter_save`."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_pi_squared_from_logits
+from rlhf.algos import log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
+from rlhf.models.lm_head import fusable_lm_head
+from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path
+from rlhf.models.saving import make_portable, save_tokenizer
 from rlhf.ranges import PositiveInt
-from rlhf.signatures import with_defaults
-from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
-from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path, same_model
-from rlhf.models.saving import make_portable, save_model_folder, save_tokenizer
-from rlhf.models.shared_prefix import response_logits
-from rlhf.rollout.engine import EngineFactory, SyncCheck, for_policy, named_weights
+from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.fsdp import (
-    FSDP, describe_placement, full_tensor, is_sharded, local_parameter_bytes, strategy_name,
-)
-from rlhf.workers.precision import DType, check_trainable_precision
+from rlhf.signatures import with_defaults
+from rlhf.workers.adapter_save import save_merged_and_adapter
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.io.atomic import atomic_write_dir
-from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
+from rlhf.workers.fsdp import describe_placement, full_tensor, local_parameter_bytes, strategy_name
+from rlhf.workers.lora import merged, save_adapter_config, set_base_model
 from rlhf.workers.memory import MemoryEstimate, Placement, Workload
+from rlhf.workers.policy_engine import HybridEngine
 from rlhf.workers.policy_memory import predict_policy_memory
 from rlhf.workers.policy_plan import SHARED_REFERENCE, PolicyPlan, plan_policy
-from rlhf.workers.state_io import unsharded_copy
-from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
+from rlhf.workers.precision import DType, check_trainable_precision
+from rlhf.workers.response_log_probs import response_log_probs, response_outputs
+from rlhf.workers.rollout_gap import RolloutGap
+from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
 
-
-def response_log_probs(
-    model: torch.nn.Module,
-    batch: Batch,
-    temperature: float,
-    with_entropy: bool = False,
-    shared_prefix: bool = False,
-    prefix_model: torch.nn.Module | None = None,
-    block_elements: int | None = None,
-    fused_lm_head: bool = False,
-    keep_logits: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None, in float32.
-
-    Logits are computed only for response positions (`logits_to_keep`) and stay in the
-    model's compute dtype: the temperature and the float32 cast happen block by block inside
-    `log_probs_and_entropy`, never on the whole (B,T,V) tensor. The entropy is differentiable;
-    detach it for a metric. `shared_prefix`: encode each distinct prompt once for all its rows
-    (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper when the n samples
-    of a group share a long prompt); `prefix_model` is the unwrapped module under DDP;
-    `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device);
-    `fused_lm_head`: apply the LM head inside the log-prob function (`linear_log_probs_and_entropy`):
-    the (B,T,V) logits and their gradient never exist side by side; needs a plain Linear head
-    (`fusable_lm_head`). `keep_logits` (with `fused_lm_head`): keep the logits for backward, which
-    turns them into their gradient in place, instead of recomputing them block by block.
-    """
-    unwrapped = prefix_model or model
-    with lm_head_bypassed(unwrapped) if fused_lm_head else contextlib.nullcontext() as head:
-        outputs = _response_outputs(model, batch, shared_prefix, prefix_model)  # hidden states when bypassed
-    responses = batch["responses"]
-    if head is not None:
-        return linear_log_probs_and_entropy(outputs, head.weight, responses, temperature=temperature,
-                                            with_entropy=with_entropy, max_block_elements=block_elements,
-                                            keep_logits=keep_logits)
-    return log_probs_and_entropy(outputs, responses, temperature=temperature, with_entropy=with_entropy,
-                                 max_block_elements=block_elements)
-
-
-def _response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) -> torch.Tensor:
-    """(B, R, ...) outputs of the model at the positions predicting each response token."""
-    r = batch["responses"].shape[1]
-    if shared_prefix:
-        return response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], r,
-                               prefix_model=prefix_model)
-    return model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        logits_to_keep=r + 1,
-        use_cache=False,
-    ).logits[:, :-1, :]
-
-
-class RolloutGap:
-    """The trainer-vs-engine log-prob gap of one update: mean and max |log pi_old - log pi_rollout|
-    over response tokens (`rollout_corr/log_prob_abs_diff`, `..._max`), logged every step.
-
-    Where it is free and right: with `old_log_probs` in the batch (off-policy updates) straight
-    from them; otherwise the update is provably on-policy (one epoch, one mini-batch: no
-    optimizer step before the last micro-batch), so each micro-batch's own log-probs are the
-    old ones, and the gap costs no extra forward. A stale engine (a missed weight sync) shows
-    here first: the gap jumps from rounding noise (~1e-6 fp32, ~1e-2 bf16) to O(1).
-    """
-
-    def __init__(self, batch: Batch):
-        self.active = "rollout_log_probs" in batch
-        self.from_old = self.active and "old_log_probs" in batch
-        self.max = torch.zeros(())
-        self.mean: float | None = None
-        if self.from_old:
-            mask = batch["response_mask"].bool()
-            diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()[mask]
-            self.mean = float(diff.mean()) if diff.numel() else 0.0
-            self.max = diff.max() if diff.numel() else torch.zeros(())
-
-    def from_micro_batch(self, log_probs: torch.Tensor, micro: Batch) -> dict[str, torch.Tensor]:
-        """The micro-batch's token-mean gap (the trainer averages it over tokens); tracks the max."""
-        if not self.active or self.from_old:
-            return {}
-        mask = micro["response_mask"].bool()
-        diff = (log_probs.detach() - micro["rollout_log_probs"]).abs().masked_fill(~mask, 0.0)
-        if diff.numel() == 0:
-            return {}
-        self.max = torch.maximum(self.max.to(diff.device), diff.max())
-        return {"rollout_corr/log_prob_abs_diff": diff.sum() / mask.sum().clamp(min=1)}
-
-    def result(self, trainer: ModelTrainer) -> dict[str, float]:
-        """The max over every rank (one collective); the mean when it came from old_log_probs."""
-        if not self.active:
-            return {}
-        peak = self.max.to(trainer.device, torch.float32).reshape(1)
-        if trainer.world_size > 1:
-            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-        out = {"rollout_corr/log_prob_abs_diff_max": float(peak)}
-        if self.mean is not None:
-            out["rollout_corr/log_prob_abs_diff"] = self.mean
-        return out
+# SHARED_REFERENCE and response_log_probs are read from here by callers of the policy worker
+__all__ = ["SHARED_REFERENCE", "PolicyWorker", "response_log_probs"]
 
 
 class PolicyWorker(PublishesWeights):
@@ -198,8 +104,8 @@ class PolicyWorker(PublishesWeights):
             self.ref_model.eval().requires_grad_(False)
         self.engine = for_policy(self.plan.engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
-        self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
-        self._sync_unchecked_warned = False
+        self.hybrid = HybridEngine(self.engine, self._rollout_weights, sleeps=objective is not None,
+                                   rank=self.trainer.rank)
         self.shared_prefix = self.plan.shared_prefix
         self.logits_block_elements = logits_block_elements
         head_fusable = fusable_lm_head(self.trainer.unwrapped()) is not None
@@ -236,7 +142,7 @@ class PolicyWorker(PublishesWeights):
         print(f"[policy rank {self.trainer.rank}/{self.trainer.world_size}] strategy "
               f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}; rollout engine "
               f"{type(self.engine).__name__} "
-              f"({'sharing the actor' if getattr(self.engine, 'shares_weights', False) else 'own weights'})",
+              f"({'sharing the actor' if self.hybrid.shares_weights else 'own weights'})",
               flush=True)
 
     @classmethod
@@ -268,36 +174,18 @@ class PolicyWorker(PublishesWeights):
         `keep_awake`: leave it awake for another call on the same weights (the next turn of a
         multi-turn rollout); the caller ends with `sleep_engine`.
         """
-        self._wake_engine()
-        shares = getattr(self.engine, "shares_weights", False)  # only a shared module runs under our autocast
-        with self.trainer.autocast() if shares else contextlib.nullcontext():
+        self.hybrid.wake()
+        # only a shared module runs under our autocast
+        with self.trainer.autocast() if self.hybrid.shares_weights else contextlib.nullcontext():
             out = self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
         if not keep_awake:
-            self.sleep_engine()
+            self.hybrid.sleep()
         return out
 
     @on_all_ranks
     def sleep_engine(self) -> None:
         """Free the engine's memory for training (a worker that trains; an inference-only one keeps it)."""
-        if self.objective is not None:
-            self.engine.sleep()
-            self._engine_stale = True  # after sleep the engine's weights are undefined (vLLM level 2)
-
-    def _wake_engine(self) -> None:
-        """Weights first, then the KV cache: never old weights, new weights and a KV cache at once."""
-        if not self._engine_stale:
-            self.engine.wake_up()
-            return
-        self.engine.wake_up(["weights"])
-        if getattr(self.engine, "shares_weights", False):  # the actor's own module: nothing to send
-            self.engine.wake_up(["kv_cache"])
-            self._engine_stale = False
-            return
-        check = SyncCheck()
-        self.engine.update_weights(check.tap(self._rollout_weights()))
-        self.engine.wake_up(["kv_cache"])
-        self._check_sync(check)
-        self._engine_stale = False
+        self.hybrid.sleep()
 
     def _rollout_weights(self, plain: bool = True) -> NamedTensors:
         """The actor's full weights by Hugging Face name, streamed (a collective under FSDP); `plain`:
@@ -310,15 +198,6 @@ class PolicyWorker(PublishesWeights):
 
     def _weights_device(self) -> torch.device:
         return self.trainer.device
-
-    def _check_sync(self, check: SyncCheck) -> None:
-        """What the engine holds now must be what it was sent (WeightSyncError otherwise); an engine
-        that cannot say (no `weight_digests`, or no tensor under its Hugging Face name) is warned about once."""
-        compared = check.verify(self.engine) if hasattr(self.engine, "weight_digests") else 0
-        if compared == 0 and not self._sync_unchecked_warned:
-            self._sync_unchecked_warned = True
-            print(f"[policy rank {self.trainer.rank}] warning: {type(self.engine).__name__} cannot show which "
-                  "weights it holds (weight_digests), so its weight syncs are not verified", flush=True)
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
@@ -351,7 +230,7 @@ class PolicyWorker(PublishesWeights):
         @torch.no_grad()
         def forward(micro: Batch) -> torch.Tensor:
             with self.trainer.autocast():
-                logits = _response_outputs(self.trainer.model, micro, self.shared_prefix, None)
+                logits = response_outputs(self.trainer.model, micro, self.shared_prefix, None)
                 log_probs = log_probs_and_entropy(logits, micro["responses"], temperature=temperature,
                                                   max_block_elements=self.logits_block_elements)[0]
                 sum_pi2 = sum_pi_squared_from_logits(logits, temperature=temperature,
@@ -410,7 +289,7 @@ class PolicyWorker(PublishesWeights):
 
         out = self.trainer.update(batch, micro_loss)
         out.update(gap.result(self.trainer))
-        self._engine_stale = True
+        self.hybrid.weights_changed()
         out["timing_s/update_worker"] = time.perf_counter() - start
         if ref_seconds:
             out["timing_s/ref_in_update"] = ref_seconds
@@ -442,20 +321,7 @@ class PolicyWorker(PublishesWeights):
         """
         if self.adapter is None:
             return self.trainer.save_pretrained(path, self.tokenizer)
-        model = self.trainer.unwrapped()
-        main = self.trainer.accelerator.is_main_process
-        if is_sharded(model):  # PEFT saves and merges a plain module: gather a whole copy on rank 0
-            self.trainer.accelerator.wait_for_everyone()
-            state = self.trainer.full_state_dict()  # every rank takes part; rank 0 gets the weights
-            config = model.get_base_model().config
-            model = unsharded_copy(model, state, lambda: self.adapter(AutoModelForCausalLM.from_config(config))) \
-                if main else None
-        if main:
-            set_base_model(model, self.base_model)
-            save_adapter(model, f"{path}-adapter", self.tokenizer)
-            atomic_write_dir(path, lambda tmp: save_model_folder(tmp, merged(model), self.tokenizer))
-        self.trainer.accelerator.wait_for_everyone()
-        return path
+        return save_merged_and_adapter(self.trainer, self.adapter, self.base_model, self.tokenizer, path)
 
     @on_all_ranks
     def save_state(self, path: str) -> None:
@@ -477,7 +343,7 @@ class PolicyWorker(PublishesWeights):
     @on_all_ranks
     def load_state(self, path: str) -> None:
         self.trainer.load_state(path)
-        self._engine_stale = True
+        self.hybrid.weights_changed()
 
     @on_all_ranks
     def parameter_bytes(self) -> dict[str, int]:
