@@ -131,7 +131,7 @@ class PolicyWorker(PublishesWeights):
             models["reference"] = lambda: causal_lm_source(plan.ref_model_path, plan.compute_dtype)
         if plan.engine_copy:
             models["rollout engine"] = lambda: causal_lm_source(plan.model_path, plan.engine.dtype)
-        line = describe_placement(plan.training.strategy, on_gpu, world_size, models)
+        line = describe_placement(plan.training.strategy, on_gpu, world_size, models, whole=["rollout engine"])
         return line + (f", {SHARED_REFERENCE}" if plan.reference_is_base else "")
 
     def _log_placement(self) -> None:

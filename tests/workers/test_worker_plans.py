@@ -108,3 +108,15 @@ def test_the_built_rollout_worker_holds_what_its_plan_says():
     assert worker.engine.model.dtype == torch.float32  # the worker's dtype wins over the node's
     line = RolloutWorker.describe_placement(dict(model_path=path, engine=BF16_ENGINE), 1, False)
     assert line.startswith("rollout engine HFEngine (float32)") and f"{held_bytes(worker.engine.model) / 2**20:.3f} MB" in line
+
+
+def test_the_plan_line_names_an_engine_copy_whole_on_every_rank():
+    path = tiny_model_path()
+    size = f"{held_bytes(HFEngine(path, dtype='bfloat16').model) / 2**20:.3f} MB"
+
+    def line(engine):
+        return PolicyWorker.describe_placement(dict(model_path=path, engine=engine,
+                                                    training=TrainingSetup(strategy="fsdp")), 2, False)
+
+    assert "rollout engine" not in line(HFEngine)  # shares the actor's (sharded) module
+    assert f"rollout engine {size} per rank of {size}" in line(BF16_ENGINE)  # unsharded, in its own dtype
