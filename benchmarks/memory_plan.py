@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import inspect
 import itertools
 import json
 import os
@@ -100,11 +99,6 @@ def worker_arguments(point: dict) -> dict[str, dict]:
             "reward_model": dict(model_path=path, training=training, max_length=PROMPT_TOKENS + RESPONSE_TOKENS)}
 
 
-def with_defaults(cls, arguments: dict) -> dict:
-    params = inspect.signature(cls.__init__).parameters
-    return {**{k: p.default for k, p in params.items() if p.default is not inspect.Parameter.empty}, **arguments}
-
-
 def predictions(point: dict) -> dict[str, dict[str, float]]:
     from rlhf.workers.critic import CriticWorker
     from rlhf.workers.memory import Placement, Workload
@@ -118,7 +112,7 @@ def predictions(point: dict) -> dict[str, dict[str, float]]:
                           process_group=True)  # env set
     out = {}
     for role, cls in (("policy", PolicyWorker), ("critic", CriticWorker), ("reward_model", RewardModelWorker)):
-        estimate = cls.predict_memory(with_defaults(cls, args[role]), workload, placement)
+        estimate = cls.predict_memory(args[role], workload, placement)  # the signature's defaults fill the rest
         out[role] = {phase.name: phase.bytes for phase in estimate.phases}
     return out
 

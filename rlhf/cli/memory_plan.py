@@ -61,9 +61,8 @@ def memory_plan_main(argv: Sequence[str]) -> int:
                                  gradient_checkpointing=checkpointing, max_tokens_per_micro_batch=budget)
         placement = Placement("cuda", a.gpus, fsdp=True, cpu_offload=offload, device_bytes=capacity,
                               process_group=True)
-        policy = PolicyWorker.predict_memory(
-            dict(model_path=shape, ref_model_path=shape, objective=True, training=training, engine=engine,
-                 dtype="float32", adapter=None, shared_prefix=None, fused_lm_head=None, logits_block_elements=None),
+        policy = PolicyWorker.predict_memory(  # the worker's signature fills in the rest
+            dict(model_path=shape, ref_model_path=shape, objective=True, training=training, engine=engine),
             workload, placement)
         estimates = [policy]
         if a.critic:

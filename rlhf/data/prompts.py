@@ -21,6 +21,7 @@ from rlhf.batch import Batch
 from rlhf.data.arrow import as_rows, cache_key, cached_map, data_sources, rows_fingerprint, source_name, tokenizer_key
 from rlhf.data.schema import DataError, ground_truth, has_ground_truth
 from rlhf.data.tokenize import chat_prompt_ids_batch, left_pad, position_ids, shuffled_batches
+from rlhf.signatures import with_defaults
 
 Overlong = Literal["filter", "error", "truncate_left", "truncate_right", "truncate_middle"]
 OVERLONG = ("filter", "error", "truncate_left", "truncate_right", "truncate_middle")
@@ -175,7 +176,8 @@ class PromptDataset:
         (a file, a `datasets` folder) and its tokenizer builds (`wants_values`), so an empty file or one whose
         every prompt is too long stops the run there, naming the file. The tokenised rows are cached, so the
         run's own build is a cache hit. Rows from a generator (a list) are checked when the dataset is built."""
-        _check_settings(arguments.get("max_prompt_length", 512), arguments.get("overlong", "filter"))
+        settings = with_defaults(PromptDataset, arguments)
+        _check_settings(settings["max_prompt_length"], settings["overlong"])
         rows, tokenizer = arguments.get("rows"), arguments.get("tokenizer")
         if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, datasets.Dataset):
             with warnings.catch_warnings():

@@ -11,6 +11,7 @@ import datasets
 from rlhf.data.arrow import RowKind, load_file, mark_source, source_name
 from rlhf.data.streaming import stream_file
 from rlhf.ranges import PositiveInt
+from rlhf.signatures import with_defaults
 
 
 def load_rows(
@@ -38,15 +39,15 @@ def load_rows(
 def _preflight(arguments: Mapping[str, Any]) -> None:
     """Read and validate the file now (the result is cached for the run), so a missing or empty file
     or a bad row stops the run before training."""
-    if isinstance(arguments.get("path"), str):
-        kind = arguments.get("kind", "prompt")
-        if arguments.get("streaming"):
-            stream_file(arguments["path"], on_error=arguments.get("on_error", "raise"), kind=kind, check=True)
+    a = with_defaults(load_rows, arguments)
+    if isinstance(a.get("path"), str):  # required: absent until set
+        if a["streaming"]:
+            stream_file(a["path"], on_error=a["on_error"], kind=a["kind"], check=True)
             return
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # the run's own build warns about skipped rows
-            load_file(arguments["path"], kind=kind, on_error=arguments.get("on_error", "raise"),
-                      cache_dir=arguments.get("cache_dir"), num_proc=arguments.get("num_proc"))
+            load_file(a["path"], kind=a["kind"], on_error=a["on_error"], cache_dir=a["cache_dir"],
+                      num_proc=a["num_proc"])
 
 
 def _input_files(arguments: Mapping[str, Any]) -> list[str]:

@@ -31,6 +31,7 @@ from rlhf.data.files import _check_readable, parse_jsonl_line
 from rlhf.data.prompts import Overlong, _check_settings, collate_prompts, truncate_ids
 from rlhf.data.schema import DataError
 from rlhf.data.tokenize import chat_prompt_ids_batch
+from rlhf.signatures import with_defaults
 
 
 def _validate_example(
@@ -138,7 +139,8 @@ class StreamingPromptDataset:
     @staticmethod
     def preflight(arguments: dict) -> None:
         """Before any stage runs: the settings (the stream itself is checked by `load_rows`' hook)."""
-        _check_settings(arguments.get("max_prompt_length", 512), arguments.get("overlong", "filter"))
+        settings = with_defaults(StreamingPromptDataset, arguments)
+        _check_settings(settings["max_prompt_length"], settings["overlong"])
 
     # ----------------------------------------------------------- lineage
     def _scanned(self) -> tuple[str, set[str]]:

@@ -33,7 +33,7 @@ class AutoEngine:
 
     In a graph: `fdl.Config(AutoEngine, vllm=fdl.Partial(VLLMEngine, gpu_memory_utilization=0.4))`.
     The policy worker resolves it before deciding whether the engine shares the actor's module
-    (`rlhf.rollout.engine.for_policy`); called directly it builds the chosen engine.
+    (`rlhf.rollout.engine.choose_engine`); called directly it builds the chosen engine.
     """
 
     vllm: EngineFactory = VLLMEngine  # the engine on a GPU machine with vLLM (a class or a partial of it)

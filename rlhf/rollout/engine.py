@@ -22,14 +22,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from transformers import PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.rollout.sampling import SamplingParams, response_mask_from_eos
+from rlhf.signatures import with_defaults
 
 NamedTensors = Iterable[tuple[str, torch.Tensor]]  # (Hugging Face parameter name, full tensor), streamed
 
@@ -155,34 +156,66 @@ class SyncCheck:
         return compared
 
 
+@dataclasses.dataclass(frozen=True)
+class EngineChoice:
+    """The policy worker's engine, decided once from its factory (`choose_engine`): `for_policy` builds it,
+    and the memory planner and the plan line count it, so what is built is what is counted."""
+
+    factory: EngineFactory  # a class or a functools.partial of one; an AutoEngine is already resolved
+    shares_actor: bool  # generates with the actor's own module (`sharing`): no second copy, a free sync
+    dtype: str  # the weights it generates with: its own copy's storage dtype, or the compute dtype (sharing)
+    options: Mapping[str, Any]  # every keyword of the engine class: the factory's over the signature's defaults
+
+    @property
+    def engine_class(self) -> type:
+        return self.factory.func if isinstance(self.factory, functools.partial) else self.factory
+
+    @property
+    def decodes_in_process(self) -> bool:
+        """A transformers engine (it can share a module): it decodes in this process with a model's forward,
+        so its memory is the decoding's; another (vLLM) reserves a share of the device instead."""
+        return getattr(self.engine_class, "sharing", None) is not None
+
+    @property
+    def keywords(self) -> dict[str, Any]:
+        """The keywords set on the factory (the graph's engine node), without the signature's defaults."""
+        return dict(self.factory.keywords) if isinstance(self.factory, functools.partial) else {}
+
+
+def choose_engine(factory: EngineFactory, dtype: str, gpu: bool | None = None) -> EngineChoice:
+    """How the policy worker's engine gets its weights: an engine class that can share the actor's module
+    in this process (it defines `sharing(module, tokenizer, **options)`: HFEngine) shares it; any other is
+    built from the model path and gets the actor's weights through `update_weights`.
+
+    `factory` is the class or a `functools.partial` of it (what `fdl.Partial` builds to), or a factory that
+    picks its engine on the machine that builds it (`resolve(gpu)`: `AutoEngine`; `gpu`: whether that
+    machine has one, None: this one). `dtype` (the compute dtype) fills only what the factory leaves open:
+    a `dtype` (or `device`) set on the engine's node is the engine's own (a sharing engine given one keeps
+    its own copy there instead of sharing).
+    """
+    resolve = getattr(factory, "resolve", None)
+    if callable(resolve):
+        factory = resolve(gpu)
+    keywords = dict(factory.keywords) if isinstance(factory, functools.partial) else {}
+    cls = factory.func if isinstance(factory, functools.partial) else factory
+    shares = getattr(cls, "sharing", None) is not None and not keywords.keys() & {"dtype", "device"}
+    return EngineChoice(factory, shares, keywords.get("dtype", dtype), with_defaults(cls, keywords))
+
+
 def for_policy(
-    factory: EngineFactory,
+    factory: EngineFactory | EngineChoice,
     model_path: str,
     actor: torch.nn.Module,
     tokenizer: PreTrainedTokenizerBase,
     dtype: str,
     device: torch.device,
 ) -> RolloutEngine:
-    """The policy worker's engine: an engine class that can share the actor's module in this
-    process (it defines `sharing(module, tokenizer, **options)`: HFEngine) shares it; any other
-    is built from `model_path` and gets the actor's weights through `update_weights`.
-
-    `factory` is the class or a `functools.partial` of it (what `fdl.Partial` builds to), or a
-    factory that picks its engine on the machine that builds it (`resolve()`: `AutoEngine`);
-    its keyword arguments are kept either way. `dtype` (the compute dtype) and `device` fill only
-    what the factory leaves open: a `dtype` (or `device`) set on the engine's node in the graph is
-    the engine's own (a sharing engine given one keeps its own copy there instead of sharing).
-    """
-    resolve = getattr(factory, "resolve", None)
-    if callable(resolve):
-        factory = resolve()
-    options = dict(factory.keywords) if isinstance(factory, functools.partial) else {}
-    cls = factory.func if isinstance(factory, functools.partial) else factory
-    sharing = getattr(cls, "sharing", None)
-    if sharing is not None and not options.keys() & {"dtype", "device"}:
-        return sharing(actor, tokenizer, **options)
-    defaults = {"dtype": dtype, "device": device}
-    return factory(model_path, **{k: v for k, v in defaults.items() if k not in options})
+    """The policy worker's engine as `choose_engine` decides (a factory is chosen for here first): the
+    actor's module shared, or a copy built from `model_path` on `device` in the choice's dtype."""
+    choice = factory if isinstance(factory, EngineChoice) else choose_engine(factory, dtype)
+    if choice.shares_actor:
+        return choice.engine_class.sharing(actor, tokenizer, **choice.keywords)
+    return choice.factory(model_path, **{"dtype": choice.dtype, "device": device} | choice.keywords)
 
 
 def rollout_batch(

@@ -43,6 +43,14 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def device_share(gpu_memory_utilization: float | None, on_gpu: bool) -> float:
+    """The fraction of the device vLLM takes for weights and KV cache: the setting, or 0.5 of a GPU and
+    0.05 of a CPU's RAM when it is None (the memory planner counts the same share)."""
+    if gpu_memory_utilization is not None:
+        return gpu_memory_utilization
+    return 0.5 if on_gpu else 0.05
+
+
 class VLLMEngine:
     """A vLLM `LLM` in this process, following the trainer's weights (see the module docstring)."""
 
@@ -67,8 +75,7 @@ class VLLMEngine:
 
         import rlhf.rollout.vllm_worker  # noqa: F401  on CPU: keep plain weights before the model loads
         on_cpu = not torch.cuda.is_available()
-        if gpu_memory_utilization is None:
-            gpu_memory_utilization = 0.05 if on_cpu else 0.5
+        gpu_memory_utilization = device_share(gpu_memory_utilization, not on_cpu)
         if enable_sleep_mode is None:
             enable_sleep_mode = not on_cpu
         if on_cpu and enable_sleep_mode:

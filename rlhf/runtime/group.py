@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 
@@ -25,8 +25,17 @@ from rlhf.workers.dispatch import dispatch_balance, dispatch_mode
 from rlhf.workers.micro_batches import row_tokens, row_units
 
 
-class WorkerGroup(abc.ABC):
-    """Calls worker methods across data-parallel ranks; subclasses implement `_run`."""
+W = TypeVar("W")  # the worker class of a group
+
+
+class WorkerGroup(abc.ABC, Generic[W]):
+    """Calls worker methods across data-parallel ranks; subclasses implement `_run`.
+
+    `WorkerGroup[PolicyWorker]` names the worker class a group runs. The methods are found by name at
+    run time (`__getattr__`); a driver types its group with the worker's group protocol (the policy's:
+    `rlhf.workers.policy_group.PolicyGroup`), which states each method's parameters and the group's
+    return type, and names the worker method it runs.
+    """
 
     balance = True  # balance sharded calls by token count; set False on a group for contiguous shards
     in_process = False  # whether the workers run in the driver's process (LocalRuntime)
@@ -35,7 +44,7 @@ class WorkerGroup(abc.ABC):
         self.spec = spec
         self.name = spec.name
         self.world_size = world_size
-        self._worker_cls = spec.worker_cls
+        self._worker_cls: type[W] = spec.worker_cls
 
     @abc.abstractmethod
     def _run(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:

@@ -53,6 +53,7 @@ from rlhf.trainers.records import RolloutRecorder, truncate_records
 from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
 from rlhf.trainers.scoring import score_rollout
 from rlhf.trainers.timing import timed
+from rlhf.workers.policy_group import PolicyGroup
 
 
 class NonFiniteTrainingError(FloatingPointError):
@@ -64,7 +65,7 @@ class RLTrainer:
 
     def __init__(
         self,
-        policy,  # WorkerGroup of PolicyWorker (actor + rollout + reference)
+        policy: PolicyGroup,  # the WorkerGroup of PolicyWorkers (actor + rollout + reference)
         tokenizer: PreTrainedTokenizerBase,
         train_data: PromptDataset | StreamingPromptDataset,
         reward: RewardManager,
@@ -136,7 +137,7 @@ class RLTrainer:
         self.pf_ppo = pf_ppo
         self.rollout = rollout
         self.async_rollout = async_rollout
-        self.needs = estimator_needs(advantage)
+        self.estimator_needs = estimator_needs(advantage)
         self.seed = seed
         self._rollouts: SyncRollout | AsyncRollout | None = None  # where the current run's steps take their batches
         self._data_position = None  # a streaming dataset's position, restored from a checkpoint
@@ -149,18 +150,18 @@ class RLTrainer:
         checkpoints.remove_partial()  # what a kill during a save left behind
         start = self.restore(checkpoints, ctx) if ctx.resume else 0
         ctx.record({"data": {"train": self.train_data.fingerprint}})
-        needs = self.policy.requirements()[0]
+        columns = self.policy.requirements()[0]
         if self.evaluator is not None and self.val_before_train and start == 0:
             ctx.log(self.evaluator(self.policy), 0)
         self._rollouts = self._rollout_source(start)
         try:
-            metrics = self._train(self._rollouts, needs, start, checkpoints, ctx)
+            metrics = self._train(self._rollouts, columns, start, checkpoints, ctx)
         finally:
             self._rollouts.close()
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
         return {"checkpoint": checkpoint, "metrics": metrics}
 
-    def _train(self, rollouts: SyncRollout | AsyncRollout, needs: dict[str, bool], start: int,
+    def _train(self, rollouts: SyncRollout | AsyncRollout, columns: dict[str, bool], start: int,
                checkpoints: CheckpointManager, ctx: StageContext) -> dict[str, float]:
         """Steps start+1 .. total_steps (step, validate, log, record, checkpoint); the last step's metrics."""
         bar = tqdm(
@@ -170,7 +171,7 @@ class RLTrainer:
         metrics = self._metrics  # a run resumed at its last step reports that step's metrics
         bad_steps = 0
         for step in bar:
-            metrics, batch = self.step(rollouts, needs, step)
+            metrics, batch = self.step(rollouts, columns, step)
             bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
             if bad_steps >= self.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
@@ -203,27 +204,29 @@ class RLTrainer:
             return self.train_data.shuffled(self.prompts_per_step, self.seed, start_step=drawn)
 
         if self.async_rollout is None:
-            produce = functools.partial(self._rollout, generate=self.policy.generate)
+            # the policy group's engine stays awake through a rollout's calls (turns); `_produce` puts it to sleep
+            produce = functools.partial(self._rollout, generate=functools.partial(self.policy.generate, keep_awake=True))
             return SyncRollout(produce, prompts_from(start, self._data_position))
         return self.async_rollout.start(policy=self.policy, produce=self._rollout, prompts_from=prompts_from,
                                         start_step=start, total_steps=self.total_steps, seed=self.seed,
                                         resumed=self._resumed_rollout)
 
-    def step(self, rollouts: SyncRollout | AsyncRollout, needs: dict[str, bool], step: int) -> tuple[dict[str, float], Batch]:
-        """One RL step on the batch `rollouts` hands over; returns its metrics and the scored batch."""
+    def step(self, rollouts: SyncRollout | AsyncRollout, columns: dict[str, bool], step: int) -> tuple[dict[str, float], Batch]:
+        """One RL step on the batch `rollouts` hands over; returns its metrics and the scored batch. `columns`: the
+        ones the policy asks for before its update (`PolicyWorker.requirements`)."""
         timing: dict[str, float] = {}
         start = time.perf_counter()
         batch, reward_metrics = rollouts.take(step, timing)
         correcting = self.rollout_correction is not None
         # bypass mode without rejections trains against the engine's log-probs: no old-log-prob pass
         bypass = correcting and self.rollout_correction.bypass and not self.rollout_correction.rejections
-        if self.needs.token_statistics:
+        if self.estimator_needs.token_statistics:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_token_stats(batch))
-        elif (needs["old_log_probs"] or correcting) and not bypass or self.kl_in_reward is not None:
+        elif ((columns["old_log_probs"] or correcting) and not bypass) or self.kl_in_reward is not None:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
-        if needs["ref_log_probs"] or self.kl_in_reward is not None:
+        if columns["ref_log_probs"] or self.kl_in_reward is not None:
             with timed(timing, "ref"):
                 batch = batch.union(self.policy.compute_ref_log_probs(batch))
         correction_metrics = self._correct_rollout(batch) if correcting else {}
@@ -283,11 +286,14 @@ class RLTrainer:
     def _produce(
         self, prompts: Batch, sampling: SamplingParams, generate: Callable[[Batch, SamplingParams], Batch]
     ) -> tuple[Batch, dict[str, float]]:
-        """The rollout producer's batch and metrics on the policy group's engine (`generate` is its own);
-        asynchronous rollout (single-turn or an agent loop) generates with the rollout group's `generate`."""
-        if self.async_rollout is not None:
+        """The rollout producer's batch and metrics with `generate`, in sync and async mode alike: the policy
+        group's (its engine kept awake between the rollout's calls, then put to sleep for the update) or, in
+        asynchronous rollout, the rollout group's."""
+        try:
             return self.rollout.rollout(generate, prompts, sampling)
-        return self.rollout(self.policy, prompts, sampling)
+        finally:
+            if self.async_rollout is None:
+                self.policy.sleep_engine()
 
     def _generate_and_score(
         self, prompts: Batch, timing: dict[str, float], generate: Callable[[Batch, SamplingParams], Batch]
@@ -299,7 +305,7 @@ class RLTrainer:
                                             self.reward_model_weight)
             batch = batch.union(scores)
         metrics.update(produced)
-        if self.needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
+        if self.estimator_needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
             with timed(timing, "gen_max"):
                 greedy = self._produce(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0), generate)[0]
                 baseline = score_rollout(greedy, self.tokenizer, self.reward, self.reward_model,

@@ -8,14 +8,18 @@ response token t is generated, i.e. the model's output at position P+t-1.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from transformers import AutoModelForTokenClassification
 
 from rlhf.algos import ClippedValueLoss, masked_mean
 from rlhf.batch import Batch
+from rlhf.signatures import with_defaults
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.memory import (
@@ -52,6 +56,25 @@ def response_values(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
     return out.logits[:, -t - 1 : -1, 0].float() * batch["response_mask"]
 
 
+@dataclasses.dataclass(frozen=True)
+class CriticPlan:
+    """A critic rank's model and training, resolved once from its arguments (`plan_critic`): read by the
+    constructor, the memory prediction and the plan line alike."""
+
+    model_path: Any  # a path (or a ModelShape in a memory plan)
+    dtype: str  # storage of the trained weights: float32 (master weights)
+    training: TrainingSetup
+    value_loss: ClippedValueLoss
+
+
+def plan_critic(
+    *, model_path: Any, value_loss: ClippedValueLoss | None, training: TrainingSetup, dtype: str, **_unused: Any,
+) -> CriticPlan:
+    """The plan of a `CriticWorker` built with these arguments (`_unused`: its optimizer and scheduler)."""
+    check_trainable_precision("CriticWorker", dtype, training.compute_dtype)
+    return CriticPlan(model_path, dtype, training, value_loss if value_loss is not None else ClippedValueLoss())
+
+
 class CriticWorker:
     """Computes and trains values on one data-parallel rank."""
 
@@ -64,22 +87,29 @@ class CriticWorker:
         training: TrainingSetup = TrainingSetup(),  # placement, compute dtype, batching, clipping, seed (shared)
         dtype: DType = "float32",  # storage of the critic's weights: float32 (master weights; it is trained)
     ):
-        check_trainable_precision("CriticWorker", dtype, training.compute_dtype)
-        self.value_loss = value_loss if value_loss is not None else ClippedValueLoss()
+        self.plan = plan_critic(model_path=model_path, value_loss=value_loss, training=training, dtype=dtype)
+        self.value_loss = self.plan.value_loss
         self.trainer = training.trainer(value_model_source(model_path, dtype), optimizer, lr_scheduler, prefix="critic")
 
-    @staticmethod
-    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
-        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
-        model = {"critic": lambda: value_model_source(arguments["model_path"], arguments["dtype"])}
-        return describe_placement(arguments["training"].strategy, on_gpu, world_size, model)
+    @classmethod
+    def resolve_plan(cls, arguments: Mapping[str, Any]) -> CriticPlan:
+        """The plan of a worker built with `arguments` (the signature's defaults fill the rest)."""
+        return plan_critic(**with_defaults(cls, arguments))
 
-    @staticmethod
-    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+    @classmethod
+    def describe_placement(cls, arguments: dict, world_size: int, on_gpu: bool) -> str:
+        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
+        plan = cls.resolve_plan(arguments)
+        model = {"critic": lambda: value_model_source(plan.model_path, plan.dtype)}
+        return describe_placement(plan.training.strategy, on_gpu, world_size, model)
+
+    @classmethod
+    def predict_memory(cls, arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
         """Peak memory of one rank per phase (rlhf.workers.memory): the value forward and the update over
         whole rows (prompt + response; the value head is one number per token, no vocabulary)."""
-        training = arguments["training"]
-        shape, compute = model_shape(arguments["model_path"]), training.compute_dtype
+        plan = cls.resolve_plan(arguments)
+        training = plan.training
+        shape, compute = model_shape(plan.model_path), training.compute_dtype
         device, host = trained_model_terms(shape, "value", placement, label="critic")
         rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
                                   training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
@@ -97,12 +127,12 @@ class CriticWorker:
             recomputed=backward if training.gradient_checkpointing else None)))
         return estimate("critic", phases, host)
 
-    @staticmethod
-    def preflight(arguments: dict) -> None:
+    @classmethod
+    def preflight(cls, arguments: dict) -> None:
         """Before any stage runs: a trained critic keeps fp32 master weights; its model path resolves."""
-        check_trainable_precision("CriticWorker", arguments["dtype"], arguments["training"].compute_dtype)
-        if isinstance(arguments.get("model_path"), str):
-            resolve_model_path(arguments["model_path"])
+        plan = cls.resolve_plan(arguments)
+        if isinstance(plan.model_path, str):
+            resolve_model_path(plan.model_path)
 
     @shard
     @torch.no_grad()

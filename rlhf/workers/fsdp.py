@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Literal
 
 import torch
@@ -184,9 +184,11 @@ def source_parameter_bytes(skeleton: Callable[[], nn.Module]) -> int:
 
 def describe_placement(
     strategy: Strategy, on_gpu: bool, world_size: int, models: dict[str, Callable[[], ModelSource]],
+    whole: Collection[str] = (),
 ) -> str:
     """One line for a plan: the strategy, world size, and each model's parameter bytes per rank
-    (FSDP divides them over the ranks). `models`: name -> its source, built lazily: a model made by
+    (FSDP divides them over the ranks, except the models named in `whole`, which every rank holds
+    entire: a rollout engine's own copy). `models`: name -> its source, built lazily: a model made by
     an earlier stage does not exist yet when the plan is printed, and its size is then unknown."""
     chosen = resolve_strategy(strategy, on_gpu)
     sizes = []
@@ -196,7 +198,7 @@ def describe_placement(
         except (OSError, TypeError, ValueError):  # a path unknown before the run (None), or not written yet
             sizes.append(f"{name} size known when the stage starts")
             continue
-        per_rank = total / world_size if isinstance(chosen, FSDP) else total
+        per_rank = total / world_size if isinstance(chosen, FSDP) and name not in whole else total
         sizes.append(f"{name} {_mb(per_rank)} per rank of {_mb(total)}")
     return f"strategy {strategy_name(chosen)}, world size {world_size}: " + ", ".join(sizes)
 

@@ -3,161 +3,52 @@
 This is the hybrid engine: the rollout engine generates with the actor's own weights, and the
 frozen reference policy sits beside it for KL terms. With a LoRA adapter on the actor and the
 reference being the actor's own base model, there is no second model: the reference is the
-actor with its adapter disabled (as TRL and verl do), which costs no memory. The transformers
-engine shares the actor's module (the weight sync is free); any other engine (vLLM) holds its own copy, which gets the
-actor's weights streamed in before the first rollout after an update, and sleeps while the
-trainer runs (docs/rollout_engines.md). One instance runs per data-parallel rank;
-`ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation across ranks.
-"""
+actor with its adapter disabled (as TRL and verl do), which costs no memory. One instance runs
+per data-parallel rank; `ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation
+across ranks.
+
+The worker generates, computes log-probs, updates and saves. What it holds is decided once by its
+plan (`rlhf.workers.policy_plan`), which its memory model reads too (`rlhf.workers.policy_memory`);
+the engine's wake, sleep and weight sync live in `rlhf.workers.policy_engine` (the transformers
+engine shares the actor's module, so its sync is free; any other holds its own copy, which gets the
+actor's weights streamed in before the first rollout after an update: docs/rollout_engines.md), and
+an adapter's merged-and-alone save in `rlhf.workers.adapter_save`."""
 
 from __future__ import annotations
 
 import contextlib
-import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM
 
-from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, sum_pi_squared_from_logits
+from rlhf.algos import log_probs_and_entropy, sum_pi_squared_from_logits
 from rlhf.batch import Batch
+from rlhf.models.lm_head import fusable_lm_head
+from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path
+from rlhf.models.saving import make_portable, save_tokenizer
 from rlhf.ranges import PositiveInt
-from rlhf.models.lm_head import fusable_lm_head, lm_head_bypassed
-from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path, same_model
-from rlhf.models.saving import make_portable, save_model_folder, save_tokenizer
-from rlhf.models.shared_prefix import response_logits
-from rlhf.rollout.engine import EngineFactory, SyncCheck, for_policy, named_weights
+from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.fsdp import (
-    FSDP, describe_placement, full_tensor, is_sharded, local_parameter_bytes, strategy_name,
-)
-from rlhf.workers.precision import DType, check_trainable_precision
+from rlhf.signatures import with_defaults
+from rlhf.workers.adapter_save import save_merged_and_adapter
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.io.atomic import atomic_write_dir
-from rlhf.workers.lora import merged, save_adapter, save_adapter_config, set_base_model
-from rlhf.workers.memory import (
-    MemoryEstimate, Placement, Term, Workload, between_updates, estimate, forward_terms, frozen_model_terms,
-    fsdp_forward_start_terms, fsdp_root_terms, generation_terms, largest, log_prob_block_terms, logit_terms,
-    micro_batch, model_shape, shared_prefix_backward_terms, shared_prefix_forward_terms,
-    shared_prefix_training_terms, trained_model_terms, training_activation_terms, update_terms,
-)
-from rlhf.workers.state_io import unsharded_copy
-from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
+from rlhf.workers.fsdp import describe_placement, full_tensor, local_parameter_bytes, strategy_name
+from rlhf.workers.lora import merged, save_adapter_config, set_base_model
+from rlhf.workers.memory import MemoryEstimate, Placement, Workload
+from rlhf.workers.policy_engine import HybridEngine
+from rlhf.workers.policy_memory import predict_policy_memory
+from rlhf.workers.policy_plan import SHARED_REFERENCE, PolicyPlan, plan_policy
+from rlhf.workers.precision import DType, check_trainable_precision
+from rlhf.workers.response_log_probs import response_log_probs, response_outputs
+from rlhf.workers.rollout_gap import RolloutGap
+from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
 
-
-def response_log_probs(
-    model: torch.nn.Module,
-    batch: Batch,
-    temperature: float,
-    with_entropy: bool = False,
-    shared_prefix: bool = False,
-    prefix_model: torch.nn.Module | None = None,
-    block_elements: int | None = None,
-    fused_lm_head: bool = False,
-    keep_logits: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Per-token log-probs (B,T) of `responses` under `model`, and entropy (B,T) or None, in float32.
-
-    Logits are computed only for response positions (`logits_to_keep`) and stay in the
-    model's compute dtype: the temperature and the float32 cast happen block by block inside
-    `log_probs_and_entropy`, never on the whole (B,T,V) tensor. The entropy is differentiable;
-    detach it for a metric. `shared_prefix`: encode each distinct prompt once for all its rows
-    (rlhf.models.shared_prefix; equal up to float rounding, and much cheaper when the n samples
-    of a group share a long prompt); `prefix_model` is the unwrapped module under DDP;
-    `block_elements`: the float32 temporaries' budget (rlhf.algos.logprobs; None: per device);
-    `fused_lm_head`: apply the LM head inside the log-prob function (`linear_log_probs_and_entropy`):
-    the (B,T,V) logits and their gradient never exist side by side; needs a plain Linear head
-    (`fusable_lm_head`). `keep_logits` (with `fused_lm_head`): keep the logits for backward, which
-    turns them into their gradient in place, instead of recomputing them block by block.
-    """
-    unwrapped = prefix_model or model
-    with lm_head_bypassed(unwrapped) if fused_lm_head else contextlib.nullcontext() as head:
-        outputs = _response_outputs(model, batch, shared_prefix, prefix_model)  # hidden states when bypassed
-    responses = batch["responses"]
-    if head is not None:
-        return linear_log_probs_and_entropy(outputs, head.weight, responses, temperature=temperature,
-                                            with_entropy=with_entropy, max_block_elements=block_elements,
-                                            keep_logits=keep_logits)
-    return log_probs_and_entropy(outputs, responses, temperature=temperature, with_entropy=with_entropy,
-                                 max_block_elements=block_elements)
-
-
-def _response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) -> torch.Tensor:
-    """(B, R, ...) outputs of the model at the positions predicting each response token."""
-    r = batch["responses"].shape[1]
-    if shared_prefix:
-        return response_logits(model, batch["input_ids"], batch["attention_mask"], batch["position_ids"], r,
-                               prefix_model=prefix_model)
-    return model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        logits_to_keep=r + 1,
-        use_cache=False,
-    ).logits[:, :-1, :]
-
-
-SHARED_REFERENCE = "reference = the actor's base with its adapter disabled (no second copy: 0 MB)"
-
-
-def reference_is_base(adapter, ref_model_path, model_path) -> bool:
-    """Whether the reference policy is the adapted actor's own base model (then the actor with its adapter
-    disabled serves as the reference). Paths not known yet (an earlier stage's output) count as different."""
-    if adapter is None or not isinstance(ref_model_path, str) or not isinstance(model_path, str):
-        return False
-    try:
-        return same_model(ref_model_path, model_path)
-    except (OSError, ValueError):  # not there (yet): the preflight names it
-        return ref_model_path == model_path
-
-
-class RolloutGap:
-    """The trainer-vs-engine log-prob gap of one update: mean and max |log pi_old - log pi_rollout|
-    over response tokens (`rollout_corr/log_prob_abs_diff`, `..._max`), logged every step.
-
-    Where it is free and right: with `old_log_probs` in the batch (off-policy updates) straight
-    from them; otherwise the update is provably on-policy (one epoch, one mini-batch: no
-    optimizer step before the last micro-batch), so each micro-batch's own log-probs are the
-    old ones, and the gap costs no extra forward. A stale engine (a missed weight sync) shows
-    here first: the gap jumps from rounding noise (~1e-6 fp32, ~1e-2 bf16) to O(1).
-    """
-
-    def __init__(self, batch: Batch):
-        self.active = "rollout_log_probs" in batch
-        self.from_old = self.active and "old_log_probs" in batch
-        self.max = torch.zeros(())
-        self.mean: float | None = None
-        if self.from_old:
-            mask = batch["response_mask"].bool()
-            diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()[mask]
-            self.mean = float(diff.mean()) if diff.numel() else 0.0
-            self.max = diff.max() if diff.numel() else torch.zeros(())
-
-    def from_micro_batch(self, log_probs: torch.Tensor, micro: Batch) -> dict[str, torch.Tensor]:
-        """The micro-batch's token-mean gap (the trainer averages it over tokens); tracks the max."""
-        if not self.active or self.from_old:
-            return {}
-        mask = micro["response_mask"].bool()
-        diff = (log_probs.detach() - micro["rollout_log_probs"]).abs().masked_fill(~mask, 0.0)
-        if diff.numel() == 0:
-            return {}
-        self.max = torch.maximum(self.max.to(diff.device), diff.max())
-        return {"rollout_corr/log_prob_abs_diff": diff.sum() / mask.sum().clamp(min=1)}
-
-    def result(self, trainer: ModelTrainer) -> dict[str, float]:
-        """The max over every rank (one collective); the mean when it came from old_log_probs."""
-        if not self.active:
-            return {}
-        peak = self.max.to(trainer.device, torch.float32).reshape(1)
-        if trainer.world_size > 1:
-            torch.distributed.all_reduce(peak, op=torch.distributed.ReduceOp.MAX)
-        out = {"rollout_corr/log_prob_abs_diff_max": float(peak)}
-        if self.mean is not None:
-            out["rollout_corr/log_prob_abs_diff"] = self.mean
-        return out
+# SHARED_REFERENCE and response_log_probs are read from here by callers of the policy worker
+__all__ = ["SHARED_REFERENCE", "PolicyWorker", "response_log_probs"]
 
 
 class PolicyWorker(PublishesWeights):
@@ -185,14 +76,13 @@ class PolicyWorker(PublishesWeights):
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
     ):
+        self.plan = plan_policy(
+            model_path=model_path, objective=objective, ref_model_path=ref_model_path, engine=engine,
+            training=training, dtype=dtype, logits_block_elements=logits_block_elements,
+            fused_lm_head=fused_lm_head, adapter=adapter, shared_prefix=shared_prefix,
+            on_gpu=torch.cuda.is_available(),  # the device make_accelerator gives this process
+        )
         compute_dtype = training.compute_dtype
-        if objective is not None:
-            check_trainable_precision("PolicyWorker", dtype, compute_dtype)
-        if getattr(objective, "needs_ref", False) and ref_model_path is None:
-            raise ValueError(
-                "the policy objective has a KL loss against a reference policy, but PolicyWorker.ref_model_path "
-                "is None. Set ref_model_path (usually the initial model path) or remove the KL loss."
-            )
         self.objective = objective
         self.adapter = adapter
         self.tokenizer = load_tokenizer(model_path)
@@ -207,46 +97,42 @@ class PolicyWorker(PublishesWeights):
         if adapter is not None:  # (FSDP builds the module without a path, so PEFT could not know it)
             set_base_model(self.trainer.unwrapped(), self.base_model)
         self.ref_model = None
-        self.ref_is_base = reference_is_base(adapter, ref_model_path, model_path)
-        if ref_model_path is not None and not self.ref_is_base:
+        self.ref_is_base = self.plan.reference_is_base
+        if self.plan.reference_model:
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
             self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype)
             self.ref_model.eval().requires_grad_(False)
-        self.engine = for_policy(engine, model_path, self.trainer.unwrapped(), self.tokenizer,
+        self.engine = for_policy(self.plan.engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
-        self._engine_stale = False  # the engine's weights may differ from the actor's (update, resume, sleep)
-        self._sync_unchecked_warned = False
-        # Under FSDP the two passes of a shared-prefix forward have not been run on GPUs yet;
-        # gradient checkpointing turns off the KV cache the shared-prefix forward needs.
-        fsdp = isinstance(self.trainer.strategy, FSDP)
-        if shared_prefix is None:
-            shared_prefix = not fsdp and not training.gradient_checkpointing
-        elif shared_prefix and training.gradient_checkpointing:
-            raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
-                             "turns off in training; set one of them to False")
-        self.shared_prefix = shared_prefix
+        self.hybrid = HybridEngine(self.engine, self._rollout_weights, sleeps=objective is not None,
+                                   rank=self.trainer.rank)
+        self.shared_prefix = self.plan.shared_prefix
         self.logits_block_elements = logits_block_elements
         head_fusable = fusable_lm_head(self.trainer.unwrapped()) is not None
-        if fused_lm_head and not head_fusable:
+        if self.plan.fused_lm_head_required and not head_fusable:
             raise ValueError("PolicyWorker(fused_lm_head=True) needs a plain bias-free Linear LM head without hooks; "
                              f"{type(self.trainer.unwrapped()).__name__} has another. Set fused_lm_head=None or False.")
-        self.fused_lm_head = head_fusable and (fused_lm_head is None or fused_lm_head)
-        # a CPU has memory to spare and compute to save: keep the logits, turned into their gradient in
-        # place (one (B,T,V) tensor, where the model's own head allocates two); a GPU recomputes them
-        self.keep_logits = self.trainer.device.type != "cuda"
+        self.fused_lm_head = head_fusable and self.plan.fused_lm_head
+        self.keep_logits = self.plan.keep_logits
         self._log_placement()
 
-    @staticmethod
-    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
+    @classmethod
+    def resolve_plan(cls, arguments: Mapping[str, Any], on_gpu: bool) -> PolicyPlan:
+        """The plan of a worker built with `arguments` (the signature's defaults fill the rest) on a device
+        with or without a GPU: what `__init__`, `predict_memory` and `describe_placement` all read."""
+        return plan_policy(**with_defaults(cls, arguments), on_gpu=on_gpu)
+
+    @classmethod
+    def describe_placement(cls, arguments: dict, world_size: int, on_gpu: bool) -> str:
         """The plan's line for this group: strategy, world size, parameter bytes per rank."""
-        training = arguments["training"]
-        models = {"actor": lambda: causal_lm_source(arguments["model_path"], arguments["dtype"])}
-        ref_is_base = reference_is_base(arguments.get("adapter"), arguments.get("ref_model_path"),
-                                        arguments["model_path"])
-        if arguments.get("ref_model_path") is not None and not ref_is_base:
-            models["reference"] = lambda: causal_lm_source(arguments["ref_model_path"], training.compute_dtype)
-        line = describe_placement(training.strategy, on_gpu, world_size, models)
-        return line + (f", {SHARED_REFERENCE}" if ref_is_base else "")
+        plan = cls.resolve_plan(arguments, on_gpu)
+        models = {"actor": lambda: causal_lm_source(plan.model_path, plan.dtype)}
+        if plan.reference_model:
+            models["reference"] = lambda: causal_lm_source(plan.ref_model_path, plan.compute_dtype)
+        if plan.engine_copy:
+            models["rollout engine"] = lambda: causal_lm_source(plan.model_path, plan.engine.dtype)
+        line = describe_placement(plan.training.strategy, on_gpu, world_size, models, whole=["rollout engine"])
+        return line + (f", {SHARED_REFERENCE}" if plan.reference_is_base else "")
 
     def _log_placement(self) -> None:
         """Each rank says what it holds (under FSDP: its shards)."""
@@ -256,106 +142,27 @@ class PolicyWorker(PublishesWeights):
         print(f"[policy rank {self.trainer.rank}/{self.trainer.world_size}] strategy "
               f"{strategy_name(self.trainer.strategy)}: parameters on this rank: {held}; rollout engine "
               f"{type(self.engine).__name__} "
-              f"({'sharing the actor' if getattr(self.engine, 'shares_weights', False) else 'own weights'})",
+              f"({'sharing the actor' if self.hybrid.shares_weights else 'own weights'})",
               flush=True)
 
-    @staticmethod
-    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+    @classmethod
+    def predict_memory(cls, arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
         """Peak memory of one rank per phase of a step, from the model config and these settings alone
-        (rlhf.workers.memory). `arguments`: this class's arguments with `training` and `engine` built;
+        (rlhf.workers.policy_memory). `arguments`: this class's arguments with `training` and `engine` built;
         `model_path`/`ref_model_path` may be `ModelShape`s instead of paths (tests, `rlhf plan --memory`)."""
-        training = arguments["training"]
-        shape = model_shape(arguments["model_path"])
-        compute, trained = training.compute_dtype, arguments.get("objective") is not None
-        on_gpu = placement.device == "cuda"
-        adapter = arguments.get("adapter") is not None
-        head = "lm"
-        if trained:
-            states = trained_model_terms(shape, head, placement, optimizer_states=0 if adapter else 2, label="actor")
-            device, host = states
-            if adapter:  # an adapter's gradients and optimizer state are a small fraction of the base
-                device = [t for t in device if "gradients" not in t.name and "DDP" not in t.name]
-        else:
-            device = frozen_model_terms(shape, head, arguments["dtype"], placement, "actor")
-            host = []
-        ref = arguments.get("ref_model_path")
-        shared_ref = adapter and (ref is arguments["model_path"]
-                                  or reference_is_base(arguments.get("adapter"), ref, arguments["model_path"]))
-        if ref is not None and not shared_ref:  # a LoRA reference that is the actor's base costs nothing
-            device += frozen_model_terms(model_shape(ref), head, compute, placement, "reference")
-        engine = arguments.get("engine")
-        options = getattr(engine, "keywords", {}) or {}
-        engine_cls = getattr(engine, "func", engine)
-        shares = getattr(engine_cls, "sharing", None) is not None
-        vllm_share: list[Term] = []
-        if not shares and workload.generate:
-            share = options.get("gpu_memory_utilization") or (0.5 if on_gpu else 0.05)
-            vllm_share = [Term(f"vLLM share ({share:g} of the device)", share * (placement.device_bytes or 0))]
-            if not on_gpu:  # vLLM's CPU build cannot sleep: its share stays through the update
-                device = device + vllm_share
-        fsdp = placement.fsdp
-        # a trained actor's FSDP root group stays gathered from its first forward to the end of its backward
-        root = fsdp_root_terms(shape, head, compute, placement, "actor") if trained else []
-        shared_prefix = arguments.get("shared_prefix")
-        if shared_prefix is None:
-            shared_prefix = not fsdp and not training.gradient_checkpointing
-        fused = arguments.get("fused_lm_head")
-        fused = True if fused is None else fused  # where the head allows it (a config alone cannot tell)
-        blocks = arguments.get("logits_block_elements")
-        p, r, n = workload.prompt_tokens, workload.response_tokens, workload.n
-        phases = []
-        if workload.generate:
-            if shares:
-                per_call = options.get("max_rows_per_call")
-                rows = workload.rows if per_call is None else min(workload.rows, max(n, per_call // n * n))
-                # gradient checkpointing hooks the layers, so decoding falls back to the model's own forward
-                lean = not training.gradient_checkpointing
-                gen = generation_terms(shape, rows, max(1, rows // n), p, r, compute, arguments["dtype"], placement,
-                                       lean=lean)
-            else:
-                gen = vllm_share if on_gpu else []
-            start = fsdp_forward_start_terms(shape, head, compute, placement) if shares else []
-            phases.append(("generation", between_updates(device) + (root if shares else []) + largest(gen, start)))
-        rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
-                                  training.max_tokens_per_forward or training.max_tokens_per_micro_batch)
-        prompts = max(1, rows // n)
-        if shared_prefix and n > 1:
-            fwd = shared_prefix_forward_terms(shape, rows, prompts, p, r, compute)
-        else:
-            fwd = forward_terms(shape, rows, width, compute, placement)
-        fwd = fwd + logit_terms(shape, rows, r, compute, fused, False, placement.device, blocks)
-        phases.append(("log-probs (no grad)", between_updates(device) + root
-                       + largest(fwd, fsdp_forward_start_terms(shape, head, compute, placement))))
-        if trained:
-            mini = max(1, workload.rows // max(1, workload.mini_batches))
-            rows, width = micro_batch(mini, workload.tokens, training.micro_batch_size,
-                                      training.max_tokens_per_micro_batch)
-            late = None
-            if shared_prefix and n > 1:
-                acts = shared_prefix_training_terms(shape, rows, max(1, rows // n), p, r, compute)
-                if not adapter:  # an adapter's gradients are a small fraction of the base
-                    late = shared_prefix_backward_terms(acts[0], shape.parameters(head))
-            else:
-                acts = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing,
-                                                 placement)
-            backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device, blocks,
-                                          with_blocks=False)
-            phases.append(("update", update_terms(
-                shape, head, compute, placement, device, backward, math.ceil(mini / rows), "actor",
-                frozen_base=adapter, blocks=log_prob_block_terms(shape, rows, r, True, placement.device, blocks),
-                late_backward=late, recomputed=acts if training.gradient_checkpointing else None)))
-        return estimate("policy", phases, host)
+        return predict_policy_memory(cls.resolve_plan(arguments, placement.device == "cuda"), workload, placement)
 
-    @staticmethod
-    def preflight(arguments: dict) -> None:
+    @classmethod
+    def preflight(cls, arguments: dict) -> None:
         """Before any stage runs (see rlhf.runtime.preflight_hooks): every model path given as a string must
         resolve, and a trained policy must keep fp32 master weights. `training` is a TrainingSetup or
         its unbuilt node: both answer attribute reads, with the signature's defaults."""
-        if arguments.get("objective") is not None:
-            check_trainable_precision("PolicyWorker", arguments["dtype"], arguments["training"].compute_dtype)
-        for key in ("model_path", "ref_model_path"):
-            if isinstance(arguments.get(key), str):
-                resolve_model_path(arguments[key])
+        a = with_defaults(cls, arguments)
+        if a["objective"] is not None:
+            check_trainable_precision("PolicyWorker", a["dtype"], a["training"].compute_dtype)
+        for path in (a["model_path"], a["ref_model_path"]):
+            if isinstance(path, str):
+                resolve_model_path(path)
 
     # ------------------------------------------------------------- rollout
     @shard
@@ -367,36 +174,18 @@ class PolicyWorker(PublishesWeights):
         `keep_awake`: leave it awake for another call on the same weights (the next turn of a
         multi-turn rollout); the caller ends with `sleep_engine`.
         """
-        self._wake_engine()
-        shares = getattr(self.engine, "shares_weights", False)  # only a shared module runs under our autocast
-        with self.trainer.autocast() if shares else contextlib.nullcontext():
+        self.hybrid.wake()
+        # only a shared module runs under our autocast
+        with self.trainer.autocast() if self.hybrid.shares_weights else contextlib.nullcontext():
             out = self.engine.generate(prompts.to(self.trainer.device), sampling).to("cpu")
         if not keep_awake:
-            self.sleep_engine()
+            self.hybrid.sleep()
         return out
 
     @on_all_ranks
     def sleep_engine(self) -> None:
         """Free the engine's memory for training (a worker that trains; an inference-only one keeps it)."""
-        if self.objective is not None:
-            self.engine.sleep()
-            self._engine_stale = True  # after sleep the engine's weights are undefined (vLLM level 2)
-
-    def _wake_engine(self) -> None:
-        """Weights first, then the KV cache: never old weights, new weights and a KV cache at once."""
-        if not self._engine_stale:
-            self.engine.wake_up()
-            return
-        self.engine.wake_up(["weights"])
-        if getattr(self.engine, "shares_weights", False):  # the actor's own module: nothing to send
-            self.engine.wake_up(["kv_cache"])
-            self._engine_stale = False
-            return
-        check = SyncCheck()
-        self.engine.update_weights(check.tap(self._rollout_weights()))
-        self.engine.wake_up(["kv_cache"])
-        self._check_sync(check)
-        self._engine_stale = False
+        self.hybrid.sleep()
 
     def _rollout_weights(self, plain: bool = True) -> NamedTensors:
         """The actor's full weights by Hugging Face name, streamed (a collective under FSDP); `plain`:
@@ -409,15 +198,6 @@ class PolicyWorker(PublishesWeights):
 
     def _weights_device(self) -> torch.device:
         return self.trainer.device
-
-    def _check_sync(self, check: SyncCheck) -> None:
-        """What the engine holds now must be what it was sent (WeightSyncError otherwise); an engine
-        that cannot say (no `weight_digests`, or no tensor under its Hugging Face name) is warned about once."""
-        compared = check.verify(self.engine) if hasattr(self.engine, "weight_digests") else 0
-        if compared == 0 and not self._sync_unchecked_warned:
-            self._sync_unchecked_warned = True
-            print(f"[policy rank {self.trainer.rank}] warning: {type(self.engine).__name__} cannot show which "
-                  "weights it holds (weight_digests), so its weight syncs are not verified", flush=True)
 
     # ----------------------------------------------------------- log-probs
     @torch.no_grad()
@@ -450,7 +230,7 @@ class PolicyWorker(PublishesWeights):
         @torch.no_grad()
         def forward(micro: Batch) -> torch.Tensor:
             with self.trainer.autocast():
-                logits = _response_outputs(self.trainer.model, micro, self.shared_prefix, None)
+                logits = response_outputs(self.trainer.model, micro, self.shared_prefix, None)
                 log_probs = log_probs_and_entropy(logits, micro["responses"], temperature=temperature,
                                                   max_block_elements=self.logits_block_elements)[0]
                 sum_pi2 = sum_pi_squared_from_logits(logits, temperature=temperature,
@@ -509,7 +289,7 @@ class PolicyWorker(PublishesWeights):
 
         out = self.trainer.update(batch, micro_loss)
         out.update(gap.result(self.trainer))
-        self._engine_stale = True
+        self.hybrid.weights_changed()
         out["timing_s/update_worker"] = time.perf_counter() - start
         if ref_seconds:
             out["timing_s/ref_in_update"] = ref_seconds
@@ -541,20 +321,7 @@ class PolicyWorker(PublishesWeights):
         """
         if self.adapter is None:
             return self.trainer.save_pretrained(path, self.tokenizer)
-        model = self.trainer.unwrapped()
-        main = self.trainer.accelerator.is_main_process
-        if is_sharded(model):  # PEFT saves and merges a plain module: gather a whole copy on rank 0
-            self.trainer.accelerator.wait_for_everyone()
-            state = self.trainer.full_state_dict()  # every rank takes part; rank 0 gets the weights
-            config = model.get_base_model().config
-            model = unsharded_copy(model, state, lambda: self.adapter(AutoModelForCausalLM.from_config(config))) \
-                if main else None
-        if main:
-            set_base_model(model, self.base_model)
-            save_adapter(model, f"{path}-adapter", self.tokenizer)
-            atomic_write_dir(path, lambda tmp: save_model_folder(tmp, merged(model), self.tokenizer))
-        self.trainer.accelerator.wait_for_everyone()
-        return path
+        return save_merged_and_adapter(self.trainer, self.adapter, self.base_model, self.tokenizer, path)
 
     @on_all_ranks
     def save_state(self, path: str) -> None:
@@ -576,7 +343,7 @@ class PolicyWorker(PublishesWeights):
     @on_all_ranks
     def load_state(self, path: str) -> None:
         self.trainer.load_state(path)
-        self._engine_stale = True
+        self.hybrid.weights_changed()
 
     @on_all_ranks
     def parameter_bytes(self) -> dict[str, int]:

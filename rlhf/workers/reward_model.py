@@ -10,7 +10,9 @@ Skywork / ArmoRM reward models do). Inference only: nothing here trains.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 from transformers import (
@@ -21,6 +23,7 @@ from transformers import (
 
 from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
+from rlhf.signatures import with_defaults
 from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
@@ -75,6 +78,28 @@ def conversation_ids(
     return ids[-max_length:]
 
 
+@dataclasses.dataclass(frozen=True)
+class RewardModelPlan:
+    """A reward-model rank's model and scoring, resolved once from its arguments (`plan_reward_model`): read
+    by the constructor, the memory prediction and the plan line alike."""
+
+    model_path: Any  # a path (or a ModelShape in a memory plan)
+    tokenizer_path: Any  # the tokenizer with the chat template: its own path, or the model's
+    training: TrainingSetup  # strategy and micro-batch size; the frozen weights are stored in its compute dtype
+    max_length: int  # tokens per conversation after the chat template
+
+    @property
+    def dtype(self) -> str:
+        return self.training.compute_dtype
+
+
+def plan_reward_model(
+    *, model_path: Any, tokenizer_path: Any, training: TrainingSetup, max_length: int,
+) -> RewardModelPlan:
+    """The plan of a `RewardModelWorker` built with these arguments."""
+    return RewardModelPlan(model_path, tokenizer_path or model_path, training, max_length)
+
+
 class RewardModelWorker:
     """Scores responses with a reward model on one data-parallel rank."""
 
@@ -87,41 +112,49 @@ class RewardModelWorker:
         training: TrainingSetup = TrainingSetup(micro_batch_size=16),
         max_length: PositiveInt = 2048,  # tokens per conversation after the chat template (left part cut)
     ):
-        self.tokenizer = load_reward_tokenizer(tokenizer_path or model_path)
+        self.plan = plan_reward_model(model_path=model_path, tokenizer_path=tokenizer_path, training=training,
+                                      max_length=max_length)
+        self.tokenizer = load_reward_tokenizer(self.plan.tokenizer_path)
         self.trainer = ModelTrainer(  # not training.trainer(): a frozen model leaves torch's seed alone
-            reward_model_source(model_path, training.compute_dtype), None, strategy=training.strategy,
+            reward_model_source(model_path, self.plan.dtype), None, strategy=training.strategy,
             micro_batch_size=training.micro_batch_size, prefix="reward_model",
         )
         self.max_length = max_length
 
-    @staticmethod
-    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
-        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
-        training = arguments["training"]
-        model = {"reward model": lambda: reward_model_source(arguments["model_path"], training.compute_dtype)}
-        return describe_placement(training.strategy, on_gpu, world_size, model)
+    @classmethod
+    def resolve_plan(cls, arguments: Mapping[str, Any]) -> RewardModelPlan:
+        """The plan of a worker built with `arguments` (the signature's defaults fill the rest)."""
+        return plan_reward_model(**with_defaults(cls, arguments))
 
-    @staticmethod
-    def predict_memory(arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
+    @classmethod
+    def describe_placement(cls, arguments: dict, world_size: int, on_gpu: bool) -> str:
+        """The plan's line for this group: strategy, world size, parameter bytes per rank."""
+        plan = cls.resolve_plan(arguments)
+        model = {"reward model": lambda: reward_model_source(plan.model_path, plan.dtype)}
+        return describe_placement(plan.training.strategy, on_gpu, world_size, model)
+
+    @classmethod
+    def predict_memory(cls, arguments: dict, workload: Workload, placement: Placement) -> MemoryEstimate:
         """Peak memory of one rank (rlhf.workers.memory): the frozen model in the compute dtype and one
         scoring forward of `micro_batch_size` conversations of prompt + response tokens (the template adds
         a few; at most `max_length`)."""
-        training = arguments["training"]
-        shape, compute = model_shape(arguments["model_path"]), training.compute_dtype
+        plan = cls.resolve_plan(arguments)
+        shape, compute = model_shape(plan.model_path), plan.dtype
         device = frozen_model_terms(shape, "score", compute, placement, "reward model")
-        rows = min(training.micro_batch_size, max(1, workload.rows))
-        width = min(arguments.get("max_length") or workload.tokens, workload.tokens + 32)
+        rows = min(plan.training.micro_batch_size, max(1, workload.rows))
+        width = min(plan.max_length, workload.tokens + 32)
         hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
         forward = forward_terms(shape, rows, width, compute, placement) + [hidden]
         start = fsdp_forward_start_terms(shape, "score", compute, placement)  # its first forward gathers the root
         return estimate("reward_model", [("score (no grad)", device + largest(forward, start))])
 
-    @staticmethod
-    def preflight(arguments: dict) -> None:
+    @classmethod
+    def preflight(cls, arguments: dict) -> None:
         """Before any stage runs: the model (and tokenizer) paths must resolve."""
-        for key in ("model_path", "tokenizer_path"):
-            if isinstance(arguments.get(key), str):
-                resolve_model_path(arguments[key])
+        plan = cls.resolve_plan(arguments)
+        for path in (plan.model_path, plan.tokenizer_path):
+            if isinstance(path, str):
+                resolve_model_path(path)
 
     @shard
     @torch.no_grad()

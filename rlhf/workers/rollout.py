@@ -14,7 +14,10 @@ before the next one.
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
@@ -23,6 +26,7 @@ from rlhf.models.loading import causal_lm_source, resolve_model_path
 from rlhf.rollout.engine import EngineFactory
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
+from rlhf.signatures import with_defaults
 from rlhf.workers.dispatch import on_all_ranks, shard
 from rlhf.workers.fsdp import source_parameter_bytes
 from rlhf.workers.precision import DType
@@ -39,6 +43,25 @@ def fdl_callable(factory) -> object:
     return factory
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutPlan:
+    """A rollout rank's engine, resolved once from its arguments (`plan_rollout`): read by the constructor
+    and the plan line alike."""
+
+    model_path: Any
+    engine: EngineFactory  # built from model_path: always its own copy of the weights
+    dtype: str  # the copy's storage; the worker's own setting wins over one on the engine's node
+
+    @property
+    def engine_name(self) -> str:
+        return getattr(fdl_callable(self.engine), "__name__", str(self.engine))
+
+
+def plan_rollout(*, model_path: Any, engine: EngineFactory, dtype: str) -> RolloutPlan:
+    """The plan of a `RolloutWorker` built with these arguments."""
+    return RolloutPlan(model_path, engine, dtype)
+
+
 class RolloutWorker:
     """Generates on one rank with its own engine; tags samples with the weights' policy version."""
 
@@ -48,30 +71,36 @@ class RolloutWorker:
         engine: EngineFactory = HFEngine,  # HFEngine or fdl.Partial(VLLMEngine, ...): built from model_path
         dtype: DType = "float32",  # storage of the engine's weights (snapshots arrive in it)
     ):
+        self.plan = plan_rollout(model_path=model_path, engine=engine, dtype=dtype)
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        self.dtype = dtype
-        self.engine = engine(model_path, dtype=dtype, device=self.device)
+        self.dtype = self.plan.dtype
+        self.engine = engine(model_path, dtype=self.plan.dtype, device=self.device)
         self.rank = int(os.environ.get("RANK", "0"))
         self.version = 0  # the weights of model_path: the trainer's version 0
         self._receiver: BroadcastReceiver | None = None
         self._kept: WeightSnapshot | None = None  # for an engine that forgets its weights in sleep
         self._asleep = False
 
-    @staticmethod
-    def preflight(arguments: dict) -> None:
-        if isinstance(arguments.get("model_path"), str):
-            resolve_model_path(arguments["model_path"])
+    @classmethod
+    def resolve_plan(cls, arguments: Mapping[str, Any]) -> RolloutPlan:
+        """The plan of a worker built with `arguments` (the signature's defaults fill the rest)."""
+        return plan_rollout(**with_defaults(cls, arguments))
 
-    @staticmethod
-    def describe_placement(arguments: dict, world_size: int, on_gpu: bool) -> str:
+    @classmethod
+    def preflight(cls, arguments: dict) -> None:
+        plan = cls.resolve_plan(arguments)
+        if isinstance(plan.model_path, str):
+            resolve_model_path(plan.model_path)
+
+    @classmethod
+    def describe_placement(cls, arguments: dict, world_size: int, on_gpu: bool) -> str:
         """The plan's line for this group: the engine and the bytes of its own copy of the weights per rank."""
-        engine = arguments.get("engine")
-        name = getattr(fdl_callable(engine), "__name__", str(engine))
+        plan = cls.resolve_plan(arguments)
         try:
-            size = f"{source_parameter_bytes(causal_lm_source(arguments['model_path'], arguments['dtype']).skeleton) / 2**20:.3f} MB"
+            size = f"{source_parameter_bytes(causal_lm_source(plan.model_path, plan.dtype).skeleton) / 2**20:.3f} MB"
         except (OSError, TypeError, ValueError):  # a model an earlier stage makes: not written yet
             size = "size known when the stage starts"
-        return f"rollout engine {name} ({arguments['dtype']}), its own copy of the weights on every rank: {size}"
+        return f"rollout engine {plan.engine_name} ({plan.dtype}), its own copy of the weights on every rank: {size}"
 
     # ------------------------------------------------------------- rollout
     @shard

@@ -112,7 +112,7 @@ def test_fsdp_counts_the_root_group_gathered():
     assert memory.root_group_parameters(SMOLLM2, "score") == root + 576
     work = Workload(prompt_tokens=48, response_tokens=16, n=4, rows=8)
     scorer = lambda placement: RewardModelWorker.predict_memory(  # noqa: E731
-        dict(model_path=SMOLLM2, training=TrainingSetup(strategy="fsdp"), max_length=None), work, placement)
+        dict(model_path=SMOLLM2, training=TrainingSetup(strategy="fsdp")), work, placement)
     one = terms_of(scorer(Placement(fsdp=True)).phase("score (no grad)"))
     assert one["reward model FSDP root group gathered: embedding/head (float32)"] == 4 * (root + 576)
     assert not any("all-gather buffer" in name for name in one)  # one rank copies the shard, no collective

@@ -33,6 +33,7 @@ from rich.table import Table
 
 from rlhf.runtime.plan import Plan, compile_graph, plan_model_path
 from rlhf.runtime.preflight.graph import args, get, is_a, nodes, runtime_kind, stage_prefix
+from rlhf.rollout.vllm_engine import device_share
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.fsdp import FSDP, resolve_strategy
@@ -301,7 +302,7 @@ def _fix_candidates(role: RolePlan) -> list[tuple[str, dict, Workload, Placement
     engine = role.arguments.get("engine")
     options = getattr(engine, "keywords", None)
     if w.generate and options is not None and getattr(getattr(engine, "func", None), "sharing", None) is None:
-        share = options.get("gpu_memory_utilization") or 0.5
+        share = device_share(options.get("gpu_memory_utilization"), pl.device == "cuda")
         for lower in (0.4, 0.3, 0.2):
             if lower < share:
                 new = functools.partial(engine.func, *engine.args, **{**options, "gpu_memory_utilization": lower})
