@@ -41,7 +41,7 @@ def grid(models: list[str], quick: bool, device: str = "cpu") -> list[dict]:
     generation batch sizes varied on the first of each. On one GPU: one rank, the tiny model's quick
     points and a Qwen2.5-0.5B-shaped random model in DDP and FSDP, bf16 compute."""
     if device == "cuda":
-        tiny = [dict(p, device="cuda", dtype="float32") for p in grid(["tiny"], quick=True)]
+        tiny = [dict(p, device="cuda", dtype="float32") for p in grid(["tiny"], quick=True)[:2]]
         big = [dict(model="qwen0.5b", strategy=s, ranks=1, checkpointing=c, budget=4096, prompts=8, gen_rows=None,
                     device="cuda", dtype="bfloat16") for s in ("ddp", "fsdp") for c in (False, True)]
         return tiny + big

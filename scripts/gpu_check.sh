@@ -63,7 +63,7 @@ print(json.dumps({"python": sys.version.split()[0], "torch": torch.__version__, 
 mapfile -t gpu_tests < <(grep -rlE "pytest\.mark\.gpu|mark\.gpu\b" tests --include='test_*.py' | sort)
 step gpu_tests 120 "$python" -m pytest -q -p no:cacheprovider -m gpu --timeout 120 "${gpu_tests[@]}" \
   --junitxml "$out/logs/gpu_tests.xml"
-step memory_plan 90 "$python" benchmarks/memory_plan.py --device cuda --tolerance 0.25 --out "$out/memory_plan-cuda.json"
+step memory_plan 150 "$python" benchmarks/memory_plan.py --device cuda --tolerance 0.25 --out "$out/memory_plan-cuda.json"
 step grpo 120 "$python" experiments/qwen_gsm8k.py --config fiddler:random_init --config fiddler:local \
   --config fiddler:no_tracking --config fiddler:quiet --config 'set:run_name="gpu_check"'
 step gpu_step 230 "$python" benchmarks/gpu_step.py --steps 1 --frameworks rlhf,trl,plain --child-timeout 100 --out "$out"

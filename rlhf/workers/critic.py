@@ -125,7 +125,7 @@ class CriticWorker:
         phases.append(("update", update_terms(
             shape, "value", compute, placement, device, backward, math.ceil(mini / rows), "critic",
             recomputed=backward if training.gradient_checkpointing else None)))
-        return estimate("critic", phases, host)
+        return estimate("critic", phases, host, placement)
 
     @classmethod
     def preflight(cls, arguments: dict) -> None:

@@ -36,7 +36,7 @@ def predict_policy_memory(plan: PolicyPlan, workload: Workload, placement: Place
     phases.append(("log-probs (no grad)", between_updates(device) + root + _log_probs(plan, shape, workload, placement)))
     if plan.trained:
         phases.append(("update", _update(plan, shape, workload, placement, device)))
-    return estimate("policy", phases, host)
+    return estimate("policy", phases, host, placement)
 
 
 def _held(plan: PolicyPlan, shape: ModelShape, placement: Placement, generates: bool) -> tuple[list[Term], list[Term]]:

@@ -146,7 +146,7 @@ class RewardModelWorker:
         hidden = Term("final hidden states", rows * width * shape.hidden * dtype_bytes(compute))
         forward = forward_terms(shape, rows, width, compute, placement) + [hidden]
         start = fsdp_forward_start_terms(shape, "score", compute, placement)  # its first forward gathers the root
-        return estimate("reward_model", [("score (no grad)", device + largest(forward, start))])
+        return estimate("reward_model", [("score (no grad)", device + largest(forward, start))], placement=placement)
 
     @classmethod
     def preflight(cls, arguments: dict) -> None:

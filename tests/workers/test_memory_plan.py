@@ -197,3 +197,16 @@ def test_policy_prediction_within_15_percent_of_the_measured_peak_on_the_tiny_mo
     predicted = PolicyWorker.predict_memory(arguments, Workload(p, r, n=4, rows=len(batch)), Placement())
     assert predicted.phase("update").bytes == pytest.approx(update.peak - baseline, rel=0.15)
     assert predicted.phase("log-probs (no grad)").bytes == pytest.approx(forward.peak - baseline, rel=0.15)
+
+
+def test_every_cuda_phase_holds_the_math_libraries_workspace_and_no_cpu_phase_does():
+    """Measured on an H100: each tiny-model phase peaked ~65 MiB above its tensors (cuBLAS + cuBLASLt workspaces)."""
+    work = Workload(prompt_tokens=64, response_tokens=64, n=4, rows=16)
+    for cls, arguments in ((PolicyWorker, policy_arguments(QWEN7B)), (CriticWorker, {"model_path": QWEN7B}),
+                           (RewardModelWorker, {"model_path": QWEN7B})):
+        gpu = cls.predict_memory(arguments, work, Placement("cuda", 1))
+        cpu = cls.predict_memory(arguments, work, Placement("cpu", 1))
+        for phase in gpu.phases:
+            workspace = [t for t in phase.terms if t.name.startswith("CUDA library workspaces")]
+            assert [t.bytes for t in workspace] == [64 * 2**20], (cls.__name__, phase.name)
+        assert not any(t.name.startswith("CUDA library") for phase in cpu.phases for t in phase.terms)
