@@ -31,6 +31,12 @@ when `timeout_s` is set) the rows that ran out of time. A non-finite number (NaN
 dict scorer's extra values is kept as it is and counted in "reward/extra_nonfinite" and
 "reward/extra_nonfinite/<name>"; both kinds are also logged as warnings.
 
+**Extra values as metrics**: every numeric extra value (bools as 0/1) is averaged per data source over
+the rows that reported it, as "reward/extra/<data_source>/<name>/mean". The convention for partial
+credit: a scorer that gives credit for less than a right answer reports `partial` = 1 on a row whose
+score is > 0 but came only from partial credit (0 otherwise), so "reward/extra/<source>/partial/mean"
+is the share of samples rewarded without being right (docs/rewards.md).
+
 **Overlong shaping** (DAPO, Yu et al. 2025, "soft overlong punishment"): with
 `overlong_buffer_len` set, a response of L tokens gets, on top of its score, the penalty
 
@@ -299,6 +305,7 @@ class RewardManager:
         metrics = {"reward/errors": float(sum(errors.values()))}
         metrics.update({f"reward/errors/{source}": float(n) for source, n in errors.items()})
         metrics.update(_nonfinite_extras(row_extras))
+        metrics.update(extra_means(row_extras, data_sources))
         if self.timeout_s is not None:
             metrics["reward/timeouts"] = float(timeouts)
         if errors:
@@ -421,6 +428,19 @@ class RewardManager:
             f"RewardManager(sources={sorted(self.scorers)}, default={self.default!r}, strict={self.strict}, "
             f"fallback_score={self.fallback_score}{parallel}{overlong})"
         )
+
+
+def extra_means(row_extras: Sequence[Mapping[str, Any]], data_sources: Sequence[str]) -> dict[str, float]:
+    """"reward/extra/<data_source>/<name>/mean": the mean of each numeric extra value (bools as 0/1) over the
+    rows of that source that reported it; NaN/inf values are left out (they are counted instead)."""
+    sums: dict[str, list[float]] = {}
+    for extras, source in zip(row_extras, data_sources):
+        for name, value in extras.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                total = sums.setdefault(f"reward/extra/{source}/{name}/mean", [0.0, 0])
+                total[0] += float(value)
+                total[1] += 1
+    return {key: total / count for key, (total, count) in sums.items()}
 
 
 def _nonfinite_extras(row_extras: Sequence[Mapping[str, Any]]) -> dict[str, float]:
