@@ -6,8 +6,9 @@ Worker groups do the model work; everything here is light bookkeeping on the dri
 update the rollout engine needs the new weights: free for the HF engine, which generates with the
 actor's own module, but a full copy streamed in buckets for vLLM (docs/rollout_engines.md). Each
 validation is watched (rlhf.trainers.heldout_watch): the best one's weights are kept as `best/`, and
-a held-out score falling while the training score rises prints a warning (docs/debugging.md). With `async_rollout` the first two phases run ahead in a rollout group of their own and
-each step takes its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
+a held-out score falling while the training score rises prints a warning (docs/debugging.md). With
+`async_rollout` the first two phases run ahead in a rollout group of their own and each step takes
+its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
 
 Each algorithm variant is one argument (one graph node): the estimator (`advantage`, whose needs
 come from `rlhf.algos.requirements`: a greedy baseline rollout for ReMax, token statistics for the
@@ -221,7 +222,7 @@ class RLTrainer:
         bad_steps = 0
         for step in bar:
             metrics, batch = self.step(rollouts, needs, step)
-            if self.heldout is not None:
+            if self.heldout is not None and "critic/score/mean" in metrics:
                 self.heldout.after_step(metrics["critic/score/mean"])
             bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
             if bad_steps >= self.max_nonfinite_steps:
