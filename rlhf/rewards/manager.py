@@ -255,31 +255,7 @@ class RewardManager:
         max_new_tokens: the generation limit the responses were cut at (`SamplingParams.max_new_tokens`,
           in a rollout batch's meta); needed by overlong shaping only.
         """
-        lengths = {
-            "responses": len(responses),
-            "data_sources": len(data_sources),
-            "ground_truths": len(ground_truths),
-            "extra_infos": len(extra_infos),
-        }
-        if response_lengths is not None:
-            lengths["response_lengths"] = len(response_lengths)
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"RewardManager: inputs disagree on the number of rows: {lengths}")
-        if self.overlong_buffer_len is not None and response_lengths is None:
-            raise ValueError(
-                "RewardManager: overlong shaping (overlong_buffer_len) needs response_lengths, the "
-                "number of tokens of each response. Fix: pass response_lengths=response_mask.sum(-1).tolist()."
-            )
-        if self.overlong_buffer_len is not None:
-            if max_new_tokens is None:
-                raise ValueError(
-                    "RewardManager: overlong shaping (overlong_buffer_len) needs max_new_tokens, the generation "
-                    "limit the responses were cut at. Fix: pass max_new_tokens=batch.meta['max_new_tokens'] (every "
-                    "rollout batch records its SamplingParams.max_new_tokens there)."
-                )
-            self.check_generation_limit(max_new_tokens)
-        self.check_sources(data_sources)
-
+        self._check_inputs(responses, data_sources, ground_truths, extra_infos, response_lengths, max_new_tokens)
         outcomes, causes = self._outcomes(responses, data_sources, ground_truths, extra_infos)
         scores: list[float] = []
         row_extras: list[dict[str, Any]] = []
@@ -333,6 +309,36 @@ class RewardManager:
             extras={k: [extras.get(k) for extras in row_extras] for k in columns},
             metrics=metrics,
         )
+
+    def _check_inputs(self, responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
+                      extra_infos: Sequence[dict | None], response_lengths: Sequence[int] | None,
+                      max_new_tokens: int | None) -> None:
+        """Raise ValueError unless the per-row inputs agree in length and overlong shaping has what it needs;
+        UnknownDataSourceError for a data_source without a scorer."""
+        lengths = {
+            "responses": len(responses),
+            "data_sources": len(data_sources),
+            "ground_truths": len(ground_truths),
+            "extra_infos": len(extra_infos),
+        }
+        if response_lengths is not None:
+            lengths["response_lengths"] = len(response_lengths)
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"RewardManager: inputs disagree on the number of rows: {lengths}")
+        if self.overlong_buffer_len is not None and response_lengths is None:
+            raise ValueError(
+                "RewardManager: overlong shaping (overlong_buffer_len) needs response_lengths, the "
+                "number of tokens of each response. Fix: pass response_lengths=response_mask.sum(-1).tolist()."
+            )
+        if self.overlong_buffer_len is not None:
+            if max_new_tokens is None:
+                raise ValueError(
+                    "RewardManager: overlong shaping (overlong_buffer_len) needs max_new_tokens, the generation "
+                    "limit the responses were cut at. Fix: pass max_new_tokens=batch.meta['max_new_tokens'] (every "
+                    "rollout batch records its SamplingParams.max_new_tokens there)."
+                )
+            self.check_generation_limit(max_new_tokens)
+        self.check_sources(data_sources)
 
     def _outcomes(
         self,

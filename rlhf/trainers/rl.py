@@ -70,6 +70,22 @@ class NonFiniteTrainingError(FloatingPointError):
     """Gradients were NaN/Inf for too many consecutive steps; the weights were never touched."""
 
 
+def _refuse_bad_setups(train_data, reward: RewardManager, advantage, sampling: SamplingParams, *, critic,
+                       dynamic_sampling, reward_model) -> None:
+    """Raise ValueError for what RLTrainer cannot run (the same setups preflight refuses), before any model work."""
+    reward.check_sources(train_data.data_sources)
+    reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
+    problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
+                              dynamic_sampling=dynamic_sampling is not None)
+    if problems:
+        raise ValueError("RLTrainer: " + " ".join(f"{p.field}: {p.message}" for p in problems))
+    if reward_model is not None and not getattr(train_data, "raw_prompt", False):
+        raise ValueError(
+            "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
+            "chat messages: build train_data with PromptDataset(raw_prompt=True)."
+        )
+
+
 class RLTrainer:
     """Trains the policy group with RL on prompts from `train_data`, scored by `reward`."""
 
@@ -116,17 +132,8 @@ class RLTrainer:
         async_rollout: AsyncRollout | None = None,
         seed: NonNegativeInt = 0,
     ):
-        reward.check_sources(train_data.data_sources)
-        reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
-        problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
-                                  dynamic_sampling=dynamic_sampling is not None)
-        if problems:
-            raise ValueError("RLTrainer: " + " ".join(f"{p.field}: {p.message}" for p in problems))
-        if reward_model is not None and not getattr(train_data, "raw_prompt", False):
-            raise ValueError(
-                "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
-                "chat messages: build train_data with PromptDataset(raw_prompt=True)."
-            )
+        _refuse_bad_setups(train_data, reward, advantage, sampling, critic=critic, dynamic_sampling=dynamic_sampling,
+                           reward_model=reward_model)
         self.policy = policy
         self.tokenizer = tokenizer
         self.train_data = train_data
