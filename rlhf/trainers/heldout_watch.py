@@ -169,9 +169,12 @@ class HeldoutWatch:
         return {"best": {"step": self.best.step, "metric": self.metric, "score": self.best.score}}
 
     def state_dict(self) -> dict:
-        """The alarm's curve, for a checkpoint. (The best evaluation is kept beside `best/`, which may be newer.)"""
-        return {"alarm": self.alarm.state_dict() if self.alarm is not None else None}
+        """The alarm's curve and the open interval, for a checkpoint (so a resumed run computes the same training
+        score). The best evaluation is kept beside `best/`, which may be newer than the checkpoint."""
+        return {"alarm": self.alarm.state_dict() if self.alarm is not None else None,
+                "interval": [self.train.total, self.train.count]}
 
     def load_state_dict(self, state: dict) -> None:
+        self.train.total, self.train.count = state.get("interval", [0.0, 0])
         if self.alarm is not None and state.get("alarm"):
             self.alarm.load_state_dict(state["alarm"])

@@ -130,11 +130,15 @@ def test_watch_reports_best_and_regressed_and_names_a_missing_metric():
 
 
 def test_state_round_trips():
+    """Resumed from a checkpoint taken mid-interval, the run of regressed evaluations and the interval's
+    steps carry over: the same answer as without the resume."""
     watch = HeldoutWatch(METRIC, RegressionAlarm())
     for step, (train, held) in enumerate([(0.1, 0.9), (0.2, 0.8)], start=1):
         watch.after_step(train)
         watch.evaluated(step, {METRIC: held})
+    watch.after_step(0.5)  # interval 3: 0.5 then 0.1, mean 0.3 > 0.2; 0.1 alone would not have risen
     resumed = HeldoutWatch(METRIC, RegressionAlarm())
     resumed.load_state_dict(watch.state_dict())
-    resumed.after_step(0.3)
-    assert resumed.evaluated(3, {METRIC: 0.7}).warning is not None  # the run of two carried over the resume
+    resumed.after_step(0.1)
+    verdict = resumed.evaluated(3, {METRIC: 0.7})
+    assert verdict.warning is not None and "rose 0.1 -> 0.2 -> 0.3" in verdict.warning
