@@ -62,20 +62,24 @@ _NUMBERS = re.compile(r"-?\d+")
 
 
 def number_reward(solution_str: str, ground_truth: str, extra_info: dict | None = None, *,
-                  last_number: float = 0.5, bare_number: float = 0.1) -> float:
+                  last_number: float = 0.5, bare_number: float = 0.1) -> dict[str, float]:
     """1.0 when the whole answer is the right number ("111"). A wrong bare number earns `bare_number` plus
     the rest in proportion to its digits that match the sum's, units under units (`digit_match_score`:
     "112" for 111 earns 0.1 + 0.9 * 2/3). An answer that says more earns `last_number` when its last
-    number is right ("The answer is 111."); else 0.0.
+    number is right ("The answer is 111."); else 0.0. `partial` is 1 where the score came only from one of
+    these partial credits (logged as `reward/extra/arithmetic/partial/mean`: the share of samples paid
+    without being right, docs/rewards.md).
 
     The base model earns the partial credits now and then, so GRPO has a signal from the first step: the
     digit credit rewards sums that are nearly right in the asked-for format, the last-number credit right
     sums in any format."""
     bare = _BARE_NUMBER.fullmatch(solution_str)
     if bare is not None:
-        return bare_number + (1.0 - bare_number) * digit_match_score(bare.group(1), str(ground_truth))
-    numbers = _NUMBERS.findall(solution_str)
-    return last_number if numbers and numbers[-1] == str(ground_truth) else 0.0
+        score = bare_number + (1.0 - bare_number) * digit_match_score(bare.group(1), str(ground_truth))
+    else:
+        numbers = _NUMBERS.findall(solution_str)
+        score = last_number if numbers and numbers[-1] == str(ground_truth) else 0.0
+    return {"score": score, "partial": float(0.0 < score < 1.0)}
 
 
 def ask_for_the_number(rows: list[dict], instruction: str = INSTRUCTION) -> list[dict]:

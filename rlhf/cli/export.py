@@ -16,7 +16,7 @@ with its chat template) from SOURCE, which is one of:
                        else its newest checkpoint (--step N: checkpoint N)
   a checkpoint         <stage>/checkpoints/step_XXXXXXXX (full or LoRA: a LoRA checkpoint's adapter
                        is merged into the base model its adapter_config.json names, or --base)
-  a model folder       e.g. a stage's final/ (rewritten in --dtype)
+  a model folder       e.g. a stage's final/ or best/ (rewritten in --dtype)
   an adapter folder    a PEFT adapter (a LoRA stage's final-adapter/, TRL's output), merged into its base"""
 
 

@@ -32,6 +32,12 @@ when `timeout_s` is set) the rows that ran out of time. A non-finite number (NaN
 dict scorer's extra values is kept as it is and counted in "reward/extra_nonfinite" and
 "reward/extra_nonfinite/<name>"; both kinds are also logged as warnings.
 
+**Extra values as metrics**: every numeric extra value (bools as 0/1) is averaged per data source over
+the rows that reported it, as "reward/extra/<data_source>/<name>/mean". The convention for partial
+credit: a scorer that gives credit for less than a right answer reports `partial` = 1 on a row whose
+score is > 0 but came only from partial credit (0 otherwise), so "reward/extra/<source>/partial/mean"
+is the share of samples rewarded without being right (docs/rewards.md).
+
 **Overlong shaping** (DAPO, Yu et al. 2025, "soft overlong punishment"): with
 `overlong_buffer_len` set, a response of L tokens gets, on top of its score, the penalty
 
@@ -252,31 +258,7 @@ class RewardManager:
         max_new_tokens: the generation limit the responses were cut at (`SamplingParams.max_new_tokens`,
           in a rollout batch's meta); needed by overlong shaping only.
         """
-        lengths = {
-            "responses": len(responses),
-            "data_sources": len(data_sources),
-            "ground_truths": len(ground_truths),
-            "extra_infos": len(extra_infos),
-        }
-        if response_lengths is not None:
-            lengths["response_lengths"] = len(response_lengths)
-        if len(set(lengths.values())) > 1:
-            raise ValueError(f"RewardManager: inputs disagree on the number of rows: {lengths}")
-        if self.overlong_buffer_len is not None and response_lengths is None:
-            raise ValueError(
-                "RewardManager: overlong shaping (overlong_buffer_len) needs response_lengths, the "
-                "number of tokens of each response. Fix: pass response_lengths=response_mask.sum(-1).tolist()."
-            )
-        if self.overlong_buffer_len is not None:
-            if max_new_tokens is None:
-                raise ValueError(
-                    "RewardManager: overlong shaping (overlong_buffer_len) needs max_new_tokens, the generation "
-                    "limit the responses were cut at. Fix: pass max_new_tokens=batch.meta['max_new_tokens'] (every "
-                    "rollout batch records its SamplingParams.max_new_tokens there)."
-                )
-            self.check_generation_limit(max_new_tokens)
-        self.check_sources(data_sources)
-
+        self._check_inputs(responses, data_sources, ground_truths, extra_infos, response_lengths, max_new_tokens)
         outcomes, causes = self._outcomes(responses, data_sources, ground_truths, extra_infos)
         scores: list[float] = []
         row_extras: list[dict[str, Any]] = []
@@ -302,6 +284,7 @@ class RewardManager:
         metrics = {"reward/errors": float(sum(errors.values()))}
         metrics.update({f"reward/errors/{source}": float(n) for source, n in errors.items()})
         metrics.update(_nonfinite_extras(row_extras))
+        metrics.update(extra_means(row_extras, data_sources))
         if self.timeout_s is not None:
             metrics["reward/timeouts"] = float(timeouts)
         if errors:
@@ -329,6 +312,36 @@ class RewardManager:
             extras={k: [extras.get(k) for extras in row_extras] for k in columns},
             metrics=metrics,
         )
+
+    def _check_inputs(self, responses: Sequence[str], data_sources: Sequence[str], ground_truths: Sequence[str],
+                      extra_infos: Sequence[dict | None], response_lengths: Sequence[int] | None,
+                      max_new_tokens: int | None) -> None:
+        """Raise ValueError unless the per-row inputs agree in length and overlong shaping has what it needs;
+        UnknownDataSourceError for a data_source without a scorer."""
+        lengths = {
+            "responses": len(responses),
+            "data_sources": len(data_sources),
+            "ground_truths": len(ground_truths),
+            "extra_infos": len(extra_infos),
+        }
+        if response_lengths is not None:
+            lengths["response_lengths"] = len(response_lengths)
+        if len(set(lengths.values())) > 1:
+            raise ValueError(f"RewardManager: inputs disagree on the number of rows: {lengths}")
+        if self.overlong_buffer_len is not None and response_lengths is None:
+            raise ValueError(
+                "RewardManager: overlong shaping (overlong_buffer_len) needs response_lengths, the "
+                "number of tokens of each response. Fix: pass response_lengths=response_mask.sum(-1).tolist()."
+            )
+        if self.overlong_buffer_len is not None:
+            if max_new_tokens is None:
+                raise ValueError(
+                    "RewardManager: overlong shaping (overlong_buffer_len) needs max_new_tokens, the generation "
+                    "limit the responses were cut at. Fix: pass max_new_tokens=batch.meta['max_new_tokens'] (every "
+                    "rollout batch records its SamplingParams.max_new_tokens there)."
+                )
+            self.check_generation_limit(max_new_tokens)
+        self.check_sources(data_sources)
 
     def _outcomes(
         self,
@@ -424,6 +437,19 @@ class RewardManager:
             f"RewardManager(sources={sorted(self.scorers)}, default={self.default!r}, strict={self.strict}, "
             f"fallback_score={self.fallback_score}{parallel}{overlong})"
         )
+
+
+def extra_means(row_extras: Sequence[Mapping[str, Any]], data_sources: Sequence[str]) -> dict[str, float]:
+    """"reward/extra/<data_source>/<name>/mean": the mean of each numeric extra value (bools as 0/1) over the
+    rows of that source that reported it; NaN/inf values are left out (they are counted instead)."""
+    sums: dict[str, list[float]] = {}
+    for extras, source in zip(row_extras, data_sources):
+        for name, value in extras.items():
+            if isinstance(value, (int, float)) and math.isfinite(value):
+                total = sums.setdefault(f"reward/extra/{source}/{name}/mean", [0.0, 0])
+                total[0] += float(value)
+                total[1] += 1
+    return {key: total / count for key, (total, count) in sums.items()}
 
 
 def _nonfinite_extras(row_extras: Sequence[Mapping[str, Any]]) -> dict[str, float]:

@@ -4,7 +4,7 @@
 
 `rule` is the (B,) score the `RewardManager` (or `CombinedReward`) gave each response, and `rm`
 the (B,) `rm_scores` of `RewardModelWorker.score`. As in `score_rollout`, the mixed score sits on
-each response's last valid token of `token_level_scores` (B,R), 0 elsewhere (and nowhere for an
+each response's last valid token of `token_level_scores` (B, T), 0 elsewhere (and nowhere for an
 empty response). Each part is kept per row ("reward_extra/rule/score", "reward_extra/model/score")
 and averaged in metrics ("reward/rule/mean", "reward/model/mean"), as `CombinedReward` reports
 its sources.
@@ -18,7 +18,7 @@ from rlhf.batch import Batch
 
 
 def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-    """(B,R) zeros with scores[i] on row i's last valid response token (rows with none stay 0).
+    """(B, T) zeros with scores[i] on row i's last valid response token (rows with none stay 0).
 
     The last position where the mask is 1, not the count of 1s minus one: a multi-turn mask has
     holes (tool results), and a score put in one would be masked away by every estimator.
@@ -39,7 +39,7 @@ def mix_model_scores(
     model_weight: float = 1.0,
     rule_weight: float = 1.0,
 ) -> tuple[Batch, dict[str, float]]:
-    """`scored` (what `score_rollout` returns: `scores` (B,), `token_level_scores` (B,R)) with the
+    """`scored` (what `score_rollout` returns: `scores` (B,), `token_level_scores` (B, T)) with the
     reward model's (B,) `rm_scores` mixed in by weight; returns the new columns and metrics."""
     rule = scored["scores"].float()
     rm = rm_scores.float().reshape(-1)

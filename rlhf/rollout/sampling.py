@@ -47,7 +47,7 @@ class SamplingParams:
 
 
 def response_mask_from_eos(responses: torch.Tensor, eos_token_ids: list[int]) -> torch.Tensor:
-    """(B,R) mask: 1 up to and including the first EOS token of each row, 0 after it."""
+    """(B, T) mask: 1 up to and including the first EOS token of each row, 0 after it."""
     is_eos = torch.isin(responses, torch.tensor(eos_token_ids, device=responses.device))
     eos_before = torch.cumsum(is_eos.int(), dim=1) - is_eos.int()  # EOS tokens strictly before t
     return (eos_before == 0).to(torch.int64)

@@ -22,7 +22,7 @@ from rlhf.batch import Batch
 
 PROMPT_COLUMNS = ("prompts",)  # (B, P), left-padded
 SEQUENCE_COLUMNS = ("input_ids", "attention_mask", "position_ids")  # (B, P + R): prompt then response
-# every other 2-D tensor column is (B, R), right-padded: responses, masks, log-probs, token scores
+# every other 2-D tensor column is (B, T), right-padded: responses, masks, log-probs, token scores
 
 
 def concat_rollouts(parts: list[Batch]) -> Batch:

@@ -50,6 +50,13 @@ class Evaluator:
         self.rollout = rollout
         self.ks = [2**i for i in range(sampling.n.bit_length()) if 2**i <= sampling.n]
 
+    @property
+    def main_metric(self) -> str | None:
+        """The main reward mean, `val-core/<source>/reward/mean@<n>`, when the held-out rows have one data
+        source (what RL ranks its evaluations by); None with several (the trainer must be told which)."""
+        sources = sorted(self.dataset.data_sources)
+        return f"val-core/{sources[0]}/reward/mean@{self.sampling.n}" if len(sources) == 1 else None
+
     def __call__(self, policy) -> dict[str, float]:
         n = self.sampling.n
         rows: list[dict] = []

@@ -12,7 +12,7 @@ SOURCE may be any of (`find_source` decides, and the result says which it took):
 - a LoRA run's checkpoint: it holds only the adapter's weights and `hf/adapter_config.json`,
   which names the base model; the export loads the base, reads the adapter and merges it
   (W + alpha/r B A). `base=` overrides a base that has moved;
-- a Hugging Face model folder (a stage's `final/`): rewritten (in `dtype`, portable);
+- a Hugging Face model folder (a stage's `final/`, or an RL stage's `best/`): rewritten (in `dtype`, portable);
 - a PEFT adapter folder (a LoRA stage's `final-adapter/`, TRL's output): merged into its base.
 
 Everything is written atomically (rlhf.io.atomic); the folder carries no machine-local keys

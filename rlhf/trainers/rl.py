@@ -1,11 +1,14 @@
 """The RL trainer (PPO family: GRPO, PPO with a critic, ...): the driver loop of one RL stage.
 
 generate -> reward -> old/ref log-probs (when needed) -> rollout correction -> values -> KL penalty
--> advantages -> PF-PPO resampling -> critic update -> actor update -> log -> validate -> checkpoint.
-Worker groups do the model work; everything here is light bookkeeping on the driver. The weight
-sync to the rollout engine is free: the HF engine generates with the actor's own module (hybrid
-engine). With `async_rollout` the first two phases run ahead in a rollout group of their own and
-each step takes its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
+-> advantages -> PF-PPO resampling -> critic update -> actor update -> validate -> log -> checkpoint.
+Worker groups do the model work; everything here is light bookkeeping on the driver. After each
+update the rollout engine needs the new weights: free for the HF engine, which generates with the
+actor's own module, but a full copy streamed in buckets for vLLM (docs/rollout_engines.md). Each
+validation is watched (rlhf.trainers.heldout_watch): the best one's weights are kept as `best/`, and
+a held-out score falling while the training score rises prints a warning (docs/debugging.md). With
+`async_rollout` the first two phases run ahead in a rollout group of their own and each step takes
+its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
 
 Each algorithm variant is one argument (one graph node): the estimator (`advantage`, whose needs
 come from `rlhf.algos.requirements`: a greedy baseline rollout for ReMax, token statistics for the
@@ -17,6 +20,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -48,6 +54,7 @@ from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.dynamic_sampling import collect_groups_with_variance, concat_rollouts
 from rlhf.trainers.evaluate import Evaluator
+from rlhf.trainers.heldout_watch import BestHeldout, HeldoutWatch, RegressionAlarm
 from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
 from rlhf.trainers.records import RolloutRecorder, truncate_records
 from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
@@ -56,8 +63,28 @@ from rlhf.trainers.timing import timed
 from rlhf.workers.policy_group import PolicyGroup
 
 
+BEST_FILE = "best.json"
+"""Beside `best/`: the step and held-out score of the weights in it (what a resumed stage starts its best from)."""
+
+
 class NonFiniteTrainingError(FloatingPointError):
     """Gradients were NaN/Inf for too many consecutive steps; the weights were never touched."""
+
+
+def _refuse_bad_setups(train_data, reward: RewardManager, advantage, sampling: SamplingParams, *, critic,
+                       dynamic_sampling, reward_model) -> None:
+    """Raise ValueError for what RLTrainer cannot run (the same setups preflight refuses), before any model work."""
+    reward.check_sources(train_data.data_sources)
+    reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
+    problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
+                              dynamic_sampling=dynamic_sampling is not None)
+    if problems:
+        raise ValueError("RLTrainer: " + " ".join(f"{p.field}: {p.message}" for p in problems))
+    if reward_model is not None and not getattr(train_data, "raw_prompt", False):
+        raise ValueError(
+            "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
+            "chat messages: build train_data with PromptDataset(raw_prompt=True)."
+        )
 
 
 class RLTrainer:
@@ -80,6 +107,12 @@ class RLTrainer:
         evaluator: Evaluator | None = None,
         test_freq: NonNegativeInt = 0,  # validate every k steps (0: only at the end); always at the end
         val_before_train: bool = False,
+        # the validation metric that picks `best/` and is watched for a gamed reward (higher is better); None: the
+        # evaluator's main reward mean, `val-core/<source>/reward/mean@<n>` (name one if the rows have several sources)
+        heldout_metric: str | None = None,
+        # warns when the held-out score falls while the training score rises (rlhf.trainers.heldout_watch): a
+        # factory, the class or fdl.Partial(RegressionAlarm, evaluations=K); None: off
+        regression_alarm: Callable[[], RegressionAlarm] | None = RegressionAlarm,
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
         max_nonfinite_steps: PositiveInt = 3,  # consecutive steps with NaN/Inf gradients before stopping
@@ -100,17 +133,8 @@ class RLTrainer:
         async_rollout: AsyncRollout | None = None,
         seed: NonNegativeInt = 0,
     ):
-        reward.check_sources(train_data.data_sources)
-        reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
-        problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
-                                  dynamic_sampling=dynamic_sampling is not None)
-        if problems:
-            raise ValueError("RLTrainer: " + " ".join(f"{p.field}: {p.message}" for p in problems))
-        if reward_model is not None and not getattr(train_data, "raw_prompt", False):
-            raise ValueError(
-                "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
-                "chat messages: build train_data with PromptDataset(raw_prompt=True)."
-            )
+        _refuse_bad_setups(train_data, reward, advantage, sampling, critic=critic, dynamic_sampling=dynamic_sampling,
+                           reward_model=reward_model)
         self.policy = policy
         self.tokenizer = tokenizer
         self.train_data = train_data
@@ -126,6 +150,7 @@ class RLTrainer:
         self.evaluator = evaluator
         self.test_freq = test_freq
         self.val_before_train = val_before_train
+        self.heldout = self._heldout_watch(evaluator, heldout_metric, regression_alarm)
         self.save_freq = save_freq
         self.keep_checkpoints = keep_checkpoints
         self.max_nonfinite_steps = max_nonfinite_steps
@@ -152,14 +177,47 @@ class RLTrainer:
         ctx.record({"data": {"train": self.train_data.fingerprint}})
         columns = self.policy.requirements()[0]
         if self.evaluator is not None and self.val_before_train and start == 0:
-            ctx.log(self.evaluator(self.policy), 0)
+            ctx.log(self._validate(0, ctx), 0)
         self._rollouts = self._rollout_source(start)
         try:
             metrics = self._train(self._rollouts, columns, start, checkpoints, ctx)
         finally:
             self._rollouts.close()
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
-        return {"checkpoint": checkpoint, "metrics": metrics}
+        best = self.heldout.result() if self.heldout is not None else {}
+        if best:  # the weights of the best evaluation, beside final/ (`rlhf export <stage>/best OUT`)
+            best["best_checkpoint"] = str(ctx.out_dir / "best")
+        return {"checkpoint": checkpoint, "metrics": metrics, **best}
+
+    @staticmethod
+    def _heldout_watch(evaluator: Evaluator | None, metric: str | None,
+                       alarm: Callable[[], RegressionAlarm] | None) -> HeldoutWatch | None:
+        """What the validations are watched for: the best step and a gamed reward (None without an evaluator)."""
+        if evaluator is None:
+            return None
+        metric = metric or evaluator.main_metric
+        if metric is None:
+            sources = ", ".join(sorted(evaluator.dataset.data_sources))
+            raise ValueError(
+                f"RLTrainer: the held-out rows have several data sources ({sources}), "
+                "so which score picks best/ and is watched for a gamed reward must be named: set heldout_metric, "
+                "e.g. 'val-core/<source>/reward/mean@<n>'."
+            )
+        return HeldoutWatch(metric, alarm() if alarm is not None else None)
+
+    def _validate(self, step: int, ctx: StageContext) -> dict[str, float]:
+        """The held-out metrics at `step`; a new best is saved as `best/` (atomically, like final/), and a
+        held-out score falling while the training score rises prints a warning."""
+        metrics = self.evaluator(self.policy)
+        verdict = self.heldout.evaluated(step, metrics)
+        if verdict.new_best:  # the folder first: best.json never names weights that are not there yet
+            self.policy.save(str(ctx.out_dir / "best"))
+            tmp = ctx.out_dir / f".{BEST_FILE}.tmp"
+            tmp.write_text(json.dumps({"metric": self.heldout.metric, **dataclasses.asdict(self.heldout.best)}))
+            os.replace(tmp, ctx.out_dir / BEST_FILE)
+        if verdict.warning is not None:
+            tqdm.write(verdict.warning, file=sys.stderr)
+        return {**metrics, **verdict.metrics}
 
     def _train(self, rollouts: SyncRollout | AsyncRollout, columns: dict[str, bool], start: int,
                checkpoints: CheckpointManager, ctx: StageContext) -> dict[str, float]:
@@ -172,6 +230,8 @@ class RLTrainer:
         bad_steps = 0
         for step in bar:
             metrics, batch = self.step(rollouts, columns, step)
+            if self.heldout is not None and "critic/score/mean" in metrics:
+                self.heldout.after_step(metrics["critic/score/mean"])
             bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
             if bad_steps >= self.max_nonfinite_steps:
                 raise NonFiniteTrainingError(
@@ -180,7 +240,7 @@ class RLTrainer:
                     "check rewards for NaN, or raise RLTrainer.max_nonfinite_steps."
                 )
             if self.evaluator is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
-                metrics.update(self.evaluator(self.policy))
+                metrics.update(self._validate(step, ctx))
             ctx.log(metrics, step)
             self._metrics = metrics
             if self.records is not None:
@@ -394,6 +454,7 @@ class RLTrainer:
             state = {
                 "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None,
                 "metrics": self._metrics,  # what the stage reports if it resumes here at its last step
+                "heldout": self.heldout.state_dict() if self.heldout is not None else None,
                 **rollouts.state,  # data_position (streaming datasets); async_rollout: its queue's state
             }
             return checkpoints.save(step, write_parts, state)
@@ -415,5 +476,10 @@ class RLTrainer:
         self._data_position = state.get("data_position")
         self._resumed_rollout = (state.get("async_rollout"), folder) if folder is not None else None
         self._metrics = dict(state.get("metrics") or {})
+        if self.heldout is not None:
+            self.heldout.load_state_dict(state.get("heldout") or {})
+            best = json.loads((ctx.out_dir / BEST_FILE).read_text()) if (ctx.out_dir / BEST_FILE).is_file() else {}
+            if best.pop("metric", None) == self.heldout.metric:  # best/ may be newer than the checkpoint: it was evaluated
+                self.heldout.best = BestHeldout(**best)
         truncate_records(ctx.out_dir, state["step"])
         return int(state["step"])

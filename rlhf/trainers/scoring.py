@@ -23,7 +23,7 @@ def score_rollout(
     reward_model=None,  # WorkerGroup of RewardModelWorker; None: rule scores only
     reward_model_weight: float = 1.0,  # score = rule + reward_model_weight * rm_score
 ) -> tuple[Batch, dict]:
-    """`token_level_scores` (B,R): each response's score on its last valid (trained) token, 0 elsewhere.
+    """`token_level_scores` (B, T): each response's score on its last valid (trained) token, 0 elsewhere.
 
     The text scored is the decoded response, or the rollout's own `response_text` where it brings
     one (a multi-turn rollout: its final assistant message, not the turns and tool results before it).

@@ -19,6 +19,7 @@ import gin_toy_components as toys
 import gin_toy_experiment
 from rlhf.config.gin_overrides import SHIPPED, GinError, apply_gin
 from rlhf.config.overrides import OverrideError, apply_overrides
+from rlhf.graph.io import flatten
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_FILES = sorted(p.name for p in SHIPPED.glob("*.gin"))
@@ -261,6 +262,21 @@ def test_every_shipped_file_applies_to_the_recipes(experiments, experiment, name
     before = copy.deepcopy(g)
     apply_gin(g, name)  # found among the shipped files
     assert g != before
+
+
+@pytest.mark.parametrize("experiment, stages", [("qwen_gsm8k", ["grpo"]), ("arithmetic_tiny", ["sft", "grpo", "eval"])])
+def test_low_memory_changes_exactly_its_three_bindings(experiments, experiment, stages):
+    """Every TrainingSetup, PolicyWorker and Evaluator of the recipe gets the file's value, and nothing else
+    changes (the algorithm, batch sizes and mini-batches included)."""
+    g = experiments[experiment].base()
+    before = flatten(g)
+    after = flatten(apply_gin(g, "low_memory.gin"))
+    changed = {k: after.get(k) for k in before.keys() | after.keys() if before.get(k) != after.get(k)}
+    assert changed == {
+        **{f"stages.{s}.policy.worker.training.micro_batch_size": 1 for s in stages},
+        **{f"stages.{s}.policy.worker.dtype": "bfloat16" for s in stages},
+        **{f"stages.{s}.evaluator.prompts_per_call": 32 for s in stages},
+    }
 
 
 def test_debug_and_cpu_on_qwen_gsm8k(experiments):

@@ -7,7 +7,8 @@ the last step's metrics and the recorded rollouts (scores and first-token advant
 and recompute what the feature must have done to them. For the policy losses they also read the
 weights before and after step 1 (the SFT checkpoint, the step-1 checkpoint) and require the
 update to have raised the log-probability of the samples with positive advantage relative to the
-others, as every policy-gradient loss must.
+others, as every policy-gradient loss must; and SAPO, CISPO and GMPO must move the weights elsewhere
+than PPO-clip does on the same samples with the same two mini-batches (their loss took effect).
 """
 
 from __future__ import annotations
@@ -32,10 +33,15 @@ from test_arithmetic_tiny import load_experiment
 MODULE = load_experiment()
 
 
+def ppo_two_mini_batches(cfg) -> None:
+    """The baseline of the SAPO, CISPO and GMPO runs: the recipe's PPO-clip loss with their two mini-batches."""
+    cfg.stages["grpo"].policy.worker.training.mini_batches = 2
+
+
 def graph_for(tmp_path: Path, *fiddlers):
     graph = MODULE.base()
     for name in fiddlers:
-        getattr(MODULE, name)(graph)
+        (ppo_two_mini_batches if name == "ppo_two_mini_batches" else getattr(MODULE, name))(graph)
     MODULE.smoke(graph)
     for f in (common.local, common.no_tracking, common.quiet):
         f(graph)
@@ -289,3 +295,24 @@ def test_the_loss_moves_the_policy_the_way_the_advantages_point(name, runs, sft_
     up = statistics.mean(m for m, a in zip(moved, advantages) if a > 0)
     down = statistics.mean(m for m, a in zip(moved, advantages) if a < 0)
     assert sum(a * m for a, m in zip(advantages, moved)) > 0 and up > down, (up, down)
+
+
+def step_1_weights(run: Run, folder: Path) -> dict[str, torch.Tensor]:
+    return AutoModelForCausalLM.from_pretrained(
+        export_checkpoint(str(run.folder / "checkpoints" / "step_00000001"), str(folder))).state_dict()
+
+
+@pytest.mark.parametrize("name", ["sapo", "cispo", "gmpo"])
+def test_the_loss_is_not_ppos(name, runs, sft_checkpoint, tmp_path):
+    """On the very samples and advantages of PPO-clip with the same two mini-batches, step 1 moves the weights
+    elsewhere. The first mini-batch is on-policy (r = 1), where these losses' gradients equal PPO's; the second
+    is off-policy, where the loss is the only difference. A fiddler whose loss did not take effect, or a loss
+    that reduced to PPO's, leaves the weights equal."""
+    run, ppo = runs(name), runs("ppo_two_mini_batches")
+    samples = lambda r: sorted((row["uid"], row["response"], row["advantage"])  # noqa: E731
+                               for rows in r.groups(step=1).values() for row in rows)
+    assert samples(run) == samples(ppo)  # the same rollout: any difference below comes from the update
+    start = AutoModelForCausalLM.from_pretrained(sft_checkpoint).state_dict()
+    mine, theirs = step_1_weights(run, tmp_path / "mine"), step_1_weights(ppo, tmp_path / "ppo")
+    norm = lambda a, b: float(sum(((a[k] - b[k]) ** 2).sum() for k in a)) ** 0.5  # noqa: E731
+    assert norm(mine, theirs) > 0.1 * norm(theirs, start), (norm(mine, theirs), norm(theirs, start))

@@ -8,29 +8,40 @@ recipe = load_experiment("experiments/smollm2_arithmetic.py")
 
 
 @pytest.mark.parametrize(
-    "response, score",
+    "response, score, partial",
     [
-        ("111", 1.0),  # the whole answer is the right number
-        (" 111\n", 1.0),  # surrounding whitespace is not part of the answer
-        ("112", 0.1 + 0.9 * 2 / 3),  # a bare number, wrong: the format's credit, and 2 of 3 digits line up
-        ("11", 0.1 + 0.9 * 2 / 3),  # units under units: "11" against "111" matches 2 of 3 places
-        ("999", 0.1),  # no digit in its place
-        ("-111", 0.1 + 0.9 * 3 / 4),  # the minus sign is a character that does not match
-        ("18 + 93 = 111", 0.5),  # more than the number, but its last number is right
-        ("The answer is 111.", 0.5),
-        ("111 is the answer to 18 + 93", 0.0),  # the last number is 93
-        ("18 + 93 = 112", 0.0),
-        ("", 0.0),
-        ("one hundred eleven", 0.0),
+        ("111", 1.0, 0),  # the whole answer is the right number: full credit, not partial
+        (" 111\n", 1.0, 0),  # surrounding whitespace is not part of the answer
+        ("112", 0.1 + 0.9 * 2 / 3, 1),  # a bare number, wrong: the format's credit, and 2 of 3 digits line up
+        ("11", 0.1 + 0.9 * 2 / 3, 1),  # units under units: "11" against "111" matches 2 of 3 places
+        ("999", 0.1, 1),  # no digit in its place: still paid for the format
+        ("-111", 0.1 + 0.9 * 3 / 4, 1),  # the minus sign is a character that does not match
+        ("18 + 93 = 111", 0.5, 1),  # more than the number, but its last number is right
+        ("The answer is 111.", 0.5, 1),
+        ("111 is the answer to 18 + 93", 0.0, 0),  # the last number is 93
+        ("18 + 93 = 112", 0.0, 0),
+        ("", 0.0, 0),
+        ("one hundred eleven", 0.0, 0),
     ],
 )
-def test_number_reward(response, score):
-    assert recipe.number_reward(response, "111") == pytest.approx(score)
+def test_number_reward(response, score, partial):
+    result = recipe.number_reward(response, "111")
+    assert result["score"] == pytest.approx(score)
+    assert result["partial"] == partial
 
 
 def test_number_reward_options():
-    assert recipe.number_reward("18 + 93 = 111", "111", last_number=0.3) == 0.3
-    assert recipe.number_reward("999", "111", bare_number=0.0) == 0.0
+    assert recipe.number_reward("18 + 93 = 111", "111", last_number=0.3)["score"] == 0.3
+    assert recipe.number_reward("999", "111", bare_number=0.0) == {"score": 0.0, "partial": 0.0}  # no credit at all
+
+
+def test_the_partial_share_is_a_metric():
+    """Through the recipe's RewardManager: the share of samples paid only partially, per data source."""
+    from rlhf.rewards.manager import RewardManager
+
+    out = RewardManager({"arithmetic": recipe.number_reward})(
+        ["111", "112", "18 + 93 = 111", "nothing"], ["arithmetic"] * 4, ["111"] * 4, [None] * 4)
+    assert out.metrics["reward/extra/arithmetic/partial/mean"] == 0.5  # "112" and the long answer, of 4
 
 
 def test_the_instruction_follows_each_question():

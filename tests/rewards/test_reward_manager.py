@@ -64,6 +64,22 @@ def test_dict_results_become_extras_columns():
     assert out.extras == {"length": [1, 2, None]}  # None where the scorer did not report it
 
 
+def test_numeric_extras_are_averaged_per_source_as_metrics(caplog):
+    """reward/extra/<source>/<name>/mean over the rows of the source that reported a finite number."""
+    answers = iter([{"score": 0.2, "partial": 1}, {"score": 1.0, "partial": 0}, {"score": 0.5, "partial": True},
+                    {"score": 0.0, "partial": float("nan"), "note": "text"}, 0.3])
+
+    def scripted(solution_str, ground_truth, extra_info=None):
+        return next(answers)
+
+    out = call(RewardManager({"a": scripted, "b/c": scripted, "d": boom}, strict=False),
+               ["r"] * 6, ["a", "a", "b/c", "b/c", "a", "d"])
+    assert out.metrics["reward/extra/a/partial/mean"] == 0.5  # (1 + 0) / 2: the plain 0.3 reported nothing
+    assert out.metrics["reward/extra/b/c/partial/mean"] == 1.0  # True counts 1; the NaN row is left out (counted)
+    assert out.metrics["reward/extra_nonfinite/partial"] == 1.0
+    assert not any(k.startswith(("reward/extra/d/", "reward/extra/b/c/note")) for k in out.metrics)  # failed; text
+
+
 def test_options_are_bound_with_partial():
     manager = RewardManager({"openai/gsm8k": functools.partial(gsm8k_score, format_score=0.25)})
     assert call(manager, ["#### 2", "#### 1"], ["openai/gsm8k"] * 2).scores == [0.25, 1.0]

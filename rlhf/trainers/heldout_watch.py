@@ -1,0 +1,180 @@
+"""What the RL trainer watches in its held-out evaluations: a reward being gamed, and the best step.
+
+Pure bookkeeping (no torch, no files): the trainer feeds it numbers and acts on what it says.
+
+**The alarm.** Each evaluation i gives a point (step_i, t_i, h_i): h_i the held-out score, t_i the
+training score over the interval since the evaluation before (the mean of the steps'
+`critic/score/mean`; None for an evaluation with no training step before it, e.g. before
+training). Evaluation i *regressed* when the held-out score fell while the training score rose:
+
+    h_i < h_(i-1)  and  t_i > t_(i-1)      (both t known)
+
+`RegressionAlarm` warns at every evaluation that ends a run of at least `evaluations` (K)
+regressed evaluations in a row, i.e. K+1 points whose held-out scores fall and whose training
+scores rise all the way. Averaging the training score over the interval keeps one noisy step
+from starting or breaking a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from rlhf.ranges import PositiveInt
+
+GAMED_REWARD_DOC = "docs/debugging.md#the-held-out-score-falls-while-the-training-score-rises"
+
+
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+    """One held-out evaluation: its step, the interval's training score (None: no steps before it), the score."""
+
+    step: int
+    train: float | None
+    heldout: float
+
+
+@dataclasses.dataclass(frozen=True)
+class Regression:
+    """K+1 evaluations in a row whose held-out score fell while the training score rose."""
+
+    metric: str  # the held-out metric, e.g. "val-core/arithmetic/reward/mean@1"
+    evaluations: tuple[Evaluation, ...]
+
+    def warning(self) -> str:
+        """The one-line warning naming both curves."""
+        points = self.evaluations
+        held = " -> ".join(f"{p.heldout:.3g}" for p in points)
+        train = " -> ".join(f"{p.train:.3g}" for p in points)
+        return (
+            f"warning: held-out {self.metric} fell {held} over steps {points[0].step}-{points[-1].step} while the "
+            f"training score (critic/score/mean between evaluations) rose {train}: the reward may be gamed "
+            f"({GAMED_REWARD_DOC})"
+        )
+
+
+def regressed(before: Evaluation, now: Evaluation) -> bool:
+    """Whether the held-out score fell from `before` to `now` while the training score rose."""
+    if before.train is None or now.train is None:
+        return False
+    return now.heldout < before.heldout and now.train > before.train
+
+
+class RegressionAlarm:
+    """Fed one `Evaluation` at a time; says when the held-out score has fallen for K evaluations in a row
+    while the training score rose (the module docstring has the rule)."""
+
+    def __init__(self, evaluations: PositiveInt = 2):  # K: regressed evaluations in a row before it warns
+        if evaluations < 1:
+            raise ValueError(f"RegressionAlarm: evaluations must be >= 1 (regressed evaluations in a row), "
+                             f"got {evaluations}")
+        self.evaluations = evaluations
+        self.history: list[Evaluation] = []
+        self.streak = 0  # regressed evaluations in a row up to the last one
+
+    def update(self, metric: str, evaluation: Evaluation) -> Regression | None:
+        """Record `evaluation`; the regression it ends, if the run of regressed evaluations reached K."""
+        if self.history and regressed(self.history[-1], evaluation):
+            self.streak += 1
+        else:
+            self.streak = 0
+        self.history.append(evaluation)
+        if self.streak < self.evaluations:
+            return None
+        return Regression(metric, tuple(self.history[-(self.evaluations + 1):]))
+
+    def state_dict(self) -> dict:
+        return {"history": [dataclasses.asdict(e) for e in self.history], "streak": self.streak}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.history = [Evaluation(**e) for e in state.get("history", [])]
+        self.streak = int(state.get("streak", 0))
+
+
+class IntervalMean:
+    """The mean of the training scores added since the last `take()` (the training score of an interval)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self.count = 0
+
+    def add(self, score: float) -> None:
+        self.total += score
+        self.count += 1
+
+    def take(self) -> float | None:
+        """The interval's mean (None: no step in it), and a new interval starts."""
+        mean = self.total / self.count if self.count else None
+        self.total, self.count = 0.0, 0
+        return mean
+
+
+@dataclasses.dataclass
+class BestHeldout:
+    """The evaluation with the highest held-out score so far (ties keep the earlier one: fewer steps)."""
+
+    step: int | None = None
+    score: float | None = None
+
+    def update(self, step: int, score: float) -> bool:
+        """Record an evaluation; True when it is a new best (its checkpoint should be kept)."""
+        if self.score is not None and score <= self.score:
+            return False
+        self.step, self.score = step, score
+        return True
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """What one evaluation means for the run: metrics to log, whether to keep its weights as `best/`, a warning."""
+
+    metrics: dict[str, float]
+    new_best: bool
+    warning: str | None
+
+
+class HeldoutWatch:
+    """The RL trainer's view of its held-out curve: the training score of each interval, the alarm, the best
+    evaluation. `metric` ranks evaluations (higher is better); `alarm` None: no alarm."""
+
+    def __init__(self, metric: str, alarm: RegressionAlarm | None):
+        self.metric = metric
+        self.alarm = alarm
+        self.train = IntervalMean()
+        self.best = BestHeldout()
+
+    def after_step(self, train_score: float) -> None:
+        self.train.add(train_score)
+
+    def evaluated(self, step: int, metrics: dict[str, float]) -> Verdict:
+        """Feed an evaluation's metrics; `<metric>/regressed` (1/0) is logged when the alarm is on."""
+        if self.metric not in metrics:
+            core = sorted(k for k in metrics if k.startswith("val-core/"))
+            raise ValueError(
+                f"RLTrainer.heldout_metric {self.metric!r} is not among the evaluator's metrics (val-core: "
+                f"{', '.join(core) or 'none'}); name one of them."
+            )
+        score = float(metrics[self.metric])
+        train = self.train.take()
+        new_best = self.best.update(step, score)
+        if self.alarm is None:
+            return Verdict({}, new_best, None)
+        regression = self.alarm.update(self.metric, Evaluation(step, train, score))
+        return Verdict({f"{self.metric}/regressed": float(regression is not None)}, new_best,
+                       regression.warning() if regression is not None else None)
+
+    def result(self) -> dict:
+        """The best evaluation, for the stage's result (empty before any evaluation)."""
+        if self.best.step is None:
+            return {}
+        return {"best": {"step": self.best.step, "metric": self.metric, "score": self.best.score}}
+
+    def state_dict(self) -> dict:
+        """The alarm's curve and the open interval, for a checkpoint (so a resumed run computes the same training
+        score). The best evaluation is kept beside `best/`, which may be newer than the checkpoint."""
+        return {"alarm": self.alarm.state_dict() if self.alarm is not None else None,
+                "interval": [self.train.total, self.train.count]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.train.total, self.train.count = state.get("interval", [0.0, 0])
+        if self.alarm is not None and state.get("alarm"):
+            self.alarm.load_state_dict(state["alarm"])

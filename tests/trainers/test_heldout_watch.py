@@ -1,0 +1,144 @@
+"""rlhf.trainers.heldout_watch: when the alarm for a gamed reward fires, which evaluation is best (pure)."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rlhf.trainers.heldout_watch import (
+    BestHeldout,
+    Evaluation,
+    HeldoutWatch,
+    IntervalMean,
+    RegressionAlarm,
+    regressed,
+)
+
+METRIC = "val-core/arithmetic/reward/mean@1"
+
+
+def feed(points, k=2):
+    """The alarm's answer after each (step, train, heldout) point."""
+    alarm = RegressionAlarm(evaluations=k)
+    return [alarm.update(METRIC, Evaluation(*p)) for p in points]
+
+
+@pytest.mark.parametrize(
+    "points, k, fires",
+    [
+        # held-out 0.42 -> 0.31 -> 0.25 while training rose 0.30 -> 0.41 -> 0.52: two falls in a row
+        ([(10, 0.30, 0.42), (20, 0.41, 0.31), (30, 0.52, 0.25)], 2, [False, False, True]),
+        # one fall is not enough at K=2, but is at K=1
+        ([(10, 0.30, 0.42), (20, 0.41, 0.31)], 2, [False, False]),
+        ([(10, 0.30, 0.42), (20, 0.41, 0.31)], 1, [False, True]),
+        # the training score fell too: the policy got worse at both, not a gamed reward
+        ([(10, 0.30, 0.42), (20, 0.25, 0.31), (30, 0.20, 0.25)], 2, [False, False, False]),
+        # held-out level (not lower) breaks the run
+        ([(10, 0.30, 0.42), (20, 0.41, 0.31), (30, 0.52, 0.31), (40, 0.60, 0.20)], 2, [False] * 4),
+        # before training (no training score) cannot start a run; two regressed intervals after it do
+        ([(0, None, 0.50), (10, 0.30, 0.42), (20, 0.41, 0.31), (30, 0.52, 0.25)], 2, [False, False, False, True]),
+        # it keeps warning while the run goes on, and stops when the held-out score recovers
+        ([(1, 0.1, 0.9), (2, 0.2, 0.8), (3, 0.3, 0.7), (4, 0.4, 0.6), (5, 0.5, 0.65)], 2,
+         [False, False, True, True, False]),
+    ],
+)
+def test_when_the_alarm_fires(points, k, fires):
+    assert [r is not None for r in feed(points, k)] == fires
+
+
+def test_the_warning_names_both_curves_and_the_steps():
+    regression = feed([(10, 0.30, 0.42), (20, 0.41, 0.31), (30, 0.52, 0.25)])[-1]
+    assert regression.warning() == (
+        "warning: held-out val-core/arithmetic/reward/mean@1 fell 0.42 -> 0.31 -> 0.25 over steps 10-30 while the "
+        "training score (critic/score/mean between evaluations) rose 0.3 -> 0.41 -> 0.52: the reward may be gamed "
+        "(docs/debugging.md#the-held-out-score-falls-while-the-training-score-rises)"
+    )
+    assert "\n" not in regression.warning()
+
+
+scores = st.floats(0, 1, allow_nan=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(scores, scores), min_size=1, max_size=12), st.integers(1, 4))
+def test_fires_exactly_when_the_last_k_evaluations_all_regressed(curve, k):
+    """Against the rule written out: at evaluation i, each of the K pairs (j-1, j) ending at i regressed."""
+    points = [Evaluation(step, train, held) for step, (train, held) in enumerate(curve)]
+    answers = feed([(p.step, p.train, p.heldout) for p in points], k)
+    for i, answer in enumerate(answers):
+        expected = i >= k and all(
+            points[j].heldout < points[j - 1].heldout and points[j].train > points[j - 1].train
+            for j in range(i - k + 1, i + 1)
+        )
+        assert (answer is not None) == expected
+        if answer is not None:
+            assert answer.evaluations == tuple(points[i - k: i + 1])
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(scores, scores), min_size=1, max_size=12))
+def test_a_held_out_score_that_never_falls_never_fires(curve):
+    helds = sorted(h for _, h in curve)  # non-decreasing held-out curve, any training curve
+    assert all(r is None for r in feed([(i, t, h) for i, ((t, _), h) in enumerate(zip(curve, helds))], k=1))
+
+
+def test_regressed_needs_both_training_scores():
+    assert not regressed(Evaluation(0, None, 0.9), Evaluation(1, 0.5, 0.1))
+    assert regressed(Evaluation(0, 0.1, 0.9), Evaluation(1, 0.5, 0.1))
+
+
+def test_k_must_be_positive():
+    with pytest.raises(ValueError, match="evaluations must be >= 1"):
+        RegressionAlarm(evaluations=0)
+
+
+def test_the_training_score_is_the_interval_mean():
+    interval = IntervalMean()
+    assert interval.take() is None  # no step before the first evaluation
+    for score in (0.1, 0.2, 0.6):
+        interval.add(score)
+    assert interval.take() == pytest.approx(0.3)  # (0.1 + 0.2 + 0.6) / 3
+    assert interval.take() is None  # a new interval
+
+
+def test_one_noisy_step_does_not_fire_the_alarm():
+    """The last step before the second evaluation jumps above the first interval's score, but the interval's
+    mean fell: the training score did not rise, so no alarm (K=1)."""
+    watch = HeldoutWatch(METRIC, RegressionAlarm(evaluations=1))
+    for step, interval in enumerate([[0.5, 0.5, 0.5, 0.5], [0.3, 0.3, 0.3, 0.6]], start=1):
+        for score in interval:
+            watch.after_step(score)
+        verdict = watch.evaluated(step * 4, {METRIC: 0.6 - 0.1 * step})  # held-out 0.5 -> 0.4
+    # last step 0.6 > 0.5, interval mean (0.3 * 3 + 0.6) / 4 = 0.375 < 0.5
+    assert verdict.warning is None and verdict.metrics == {f"{METRIC}/regressed": 0.0}
+
+
+def test_the_best_evaluation_is_the_highest_and_the_earliest_of_ties():
+    best = BestHeldout()
+    assert [best.update(s, v) for s, v in [(0, 0.2), (10, 0.5), (20, 0.5), (30, 0.4)]] == [True, True, False, False]
+    assert (best.step, best.score) == (10, 0.5)
+
+
+def test_watch_reports_best_and_regressed_and_names_a_missing_metric():
+    watch = HeldoutWatch(METRIC, RegressionAlarm())
+    assert watch.result() == {}
+    verdict = watch.evaluated(0, {METRIC: 0.4})
+    assert verdict.new_best and verdict.metrics == {f"{METRIC}/regressed": 0.0}
+    assert watch.result() == {"best": {"step": 0, "metric": METRIC, "score": 0.4}}
+    with pytest.raises(ValueError, match=r"heldout_metric .*\(val-core: val-core/other"):
+        watch.evaluated(1, {"val-core/other/reward/mean@1": 0.1})
+    assert HeldoutWatch(METRIC, None).evaluated(0, {METRIC: 0.1}).metrics == {}  # alarm off: nothing logged
+
+
+def test_state_round_trips():
+    """Resumed from a checkpoint taken mid-interval, the run of regressed evaluations and the interval's
+    steps carry over: the same answer as without the resume."""
+    watch = HeldoutWatch(METRIC, RegressionAlarm())
+    for step, (train, held) in enumerate([(0.1, 0.9), (0.2, 0.8)], start=1):
+        watch.after_step(train)
+        watch.evaluated(step, {METRIC: held})
+    watch.after_step(0.5)  # interval 3: 0.5 then 0.1, mean 0.3 > 0.2; 0.1 alone would not have risen
+    resumed = HeldoutWatch(METRIC, RegressionAlarm())
+    resumed.load_state_dict(watch.state_dict())
+    resumed.after_step(0.1)
+    verdict = resumed.evaluated(3, {METRIC: 0.7})
+    assert verdict.warning is not None and "rose 0.1 -> 0.2 -> 0.3" in verdict.warning
