@@ -119,7 +119,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path) -> dict:
     rows = graph.stages["grpo"].evaluator.dataset.rows.n if hasattr(graph.stages["grpo"].evaluator.dataset.rows, "n") \
         else None
     train_s = sum(p.get("timing_s/step", 0.0) for p in CurveTracker.curve)
-    partial = f"reward_extra/{source}/partial/mean"
+    partial = f"reward/extra/{source}/partial/mean"
     return {
         "task": task, "settings": settings, "heldout_rows": rows,
         "base_accuracy": round(base[strict], 4), "trained_accuracy": round(trained[strict], 4),

@@ -156,7 +156,7 @@ class RightAnswerReward:
     policy learns to emit plausible wrong answers). Here every credited sample is right, and a right answer in the
     form always earns more than one without it, so the form is learnt only as a way to be right more often.
     A wrong answer earns 0 however it looks. `partial` is 1.0 when the reward came only from the unformatted
-    credit, which the RL metrics report per step (`reward_extra/<source>/partial/mean`)."""
+    credit, which the RL metrics report per step (`reward/extra/<source>/partial/mean`)."""
 
     def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.5) -> None:
         if not callable(scorer):
