@@ -50,8 +50,9 @@ def final_answer(response: str) -> str | None:
     An "Answer:" with nothing after it counts as absent."""
     text = _without_end_markers(response)
     matches = list(_ANSWER_LINE.finditer(text))
-    if matches and _clean(text[matches[-1].start("rest"):]):
-        return _clean(text[matches[-1].start("rest"):])
+    answer = _clean(text[matches[-1].start("rest"):]) if matches else ""
+    if answer:
+        return answer
     boxed = last_boxed(text)
     return boxed.strip() if boxed is not None and boxed.strip() else None
 
