@@ -174,6 +174,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="settings",
                         help=f"{REASONING_GYM}<task> only: a generator setting (e.g. --set min_terms=2; the value is "
                              "read as JSON, else as text); an unknown key lists the task's settings")
+    parser.add_argument("--instruction", default=None,
+                        help=f"{REASONING_GYM}<task> only: the text after each question (default: ask for a last line "
+                             "\"Answer: <answer>\", what the task's reward reads)")
     return parser
 
 
@@ -185,13 +188,14 @@ def unknown_task(task: str) -> str | None:
             f"reasoning-gym task (e.g. {REASONING_GYM}leg_counting)")
 
 
-def generator(task: str, settings: list[str]) -> Callable[..., list[dict]] | None:
+def generator(task: str, settings: list[str], instruction: str | None = None) -> Callable[..., list[dict]] | None:
     """The row generator (`n, seed=, split=`) of a generated task, None for a hub task; a ValueError for
-    settings given to a task that takes none."""
+    settings or an instruction given to a task that takes none."""
     if task.startswith(REASONING_GYM):
-        return functools.partial(reasoning_gym_rows, task[len(REASONING_GYM):], **parse_settings(settings))
-    if settings:
-        raise ValueError(f"--set is for {REASONING_GYM}<task> only; {task!r} takes no settings")
+        asked = {"instruction": instruction} if instruction is not None else {}
+        return functools.partial(reasoning_gym_rows, task[len(REASONING_GYM):], **asked, **parse_settings(settings))
+    if settings or instruction is not None:
+        raise ValueError(f"--set and --instruction are for {REASONING_GYM}<task> only; {task!r} takes neither")
     return GENERATED[task] if task in GENERATED else None
 
 
@@ -225,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"rlhf data prepare: --n{'-test' if split == 'test' else ''} must be >= 0, got {n}", file=sys.stderr)
             return 1
     try:
-        generate = generator(args.task, args.settings)
+        generate = generator(args.task, args.settings, args.instruction)
         if generate is not None:
             if args.local is not None:
                 print(f"rlhf data prepare {args.task}: --local is for hub tasks ({', '.join(HUB)}); "

@@ -53,14 +53,15 @@ def final_answer(response: str) -> str | None:
     content of the last `\\boxed{...}`; else None. A marker with nothing after it counts as absent."""
     text = _without_end_markers(response)
     matches = list(_ANSWER_LINE.finditer(text))
-    if matches and _clean(text[matches[-1].start("rest"):]):
-        return _clean(text[matches[-1].start("rest"):])
+    answer = _clean(text[matches[-1].start("rest"):]) if matches else ""
+    if answer:
+        return answer
     sentences = list(_ANSWER_IS.finditer(text))
     if sentences:
         answer = _clean(sentences[-1].group("rest"))
-        answer = answer[:-1].rstrip() if answer.endswith(".") else answer
-        if _clean(answer):
-            return _clean(answer)
+        answer = _clean(answer[:-1]) if answer.endswith(".") else answer
+        if answer:
+            return answer
     boxed = last_boxed(text)
     return boxed.strip() if boxed is not None and boxed.strip() else None
 

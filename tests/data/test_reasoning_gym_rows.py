@@ -106,7 +106,11 @@ def test_cli_writes_both_splits_and_lists_the_tasks_for_a_typo(tmp_path, capsys)
     assert prepare(["reasoning_gym/chain_sum", "--out", str(tmp_path / "x"), "--set", "min_termz=2"]) == 1
     assert "its settings: min_terms" in capsys.readouterr().err
     assert prepare(["arithmetic", "--out", str(tmp_path / "x"), "--set", "min_terms=2"]) == 1
-    assert "--set is for reasoning_gym/<task> only" in capsys.readouterr().err
+    assert "--set and --instruction are for reasoning_gym/<task> only" in capsys.readouterr().err
+    assert prepare(["reasoning_gym/leg_counting", "--out", str(tmp_path / "i"), "--n", "2", "--n-test", "2",
+                    "--instruction", "Answer: <n>"]) == 0
+    assert read_rows(tmp_path / "i" / "test.parquet")[0] == reasoning_gym_rows("leg_counting", 2, split="test",
+                                                                               instruction="Answer: <n>")
     assert prepare(["reasoning", "--out", str(tmp_path / "x")]) == 2
     assert "reasoning_gym/<task>" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()

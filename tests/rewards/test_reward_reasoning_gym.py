@@ -93,3 +93,14 @@ def test_scorer_errors_name_what_is_missing_and_an_unknown_task_lists_the_valid_
         task_dataset("chain_sum", size=1, seed=0, bogus=1)
     with pytest.raises(ValueError, match="invalid settings.*max_terms must be >= min_terms"):
         task_dataset("chain_sum", size=1, seed=0, min_terms=4, max_terms=2)
+
+
+def test_reasoning_gym_rows_score_the_same_in_reward_worker_processes():
+    rows = reasoning_gym_rows("word_sorting", 4, split="test")
+    truths = [r["reward_model"]["ground_truth"] for r in rows]
+    call = ([f"Answer: {t}" if i % 2 else t for i, t in enumerate(truths)], [r["data_source"] for r in rows], truths,
+            [r["extra_info"] for r in rows])
+    with RewardManager(default_scorers(), num_workers=1, timeout_s=60) as pooled:  # imports reasoning-gym there
+        out = pooled(*call)
+    assert out.scores == RewardManager(default_scorers())(*call).scores == [0.0, 1.0, 0.0, 1.0]
+    assert out.extras["lenient"] == [1.0] * 4
