@@ -56,7 +56,7 @@ from rlhf_configs.pieces import policy_group
 from rlhf_configs.rows import limit_rows
 
 NAME = "smollm2_tasks"
-MAX_PROMPT_LENGTH = 320
+MAX_PROMPT_LENGTH = 256
 """Tokens; longer prompts are dropped (and counted). reasoning-gym questions at default settings fit."""
 HELDOUT = 200
 """Held-out rows, greedy: a 95% interval of about +-7 points at 50%."""
@@ -119,7 +119,9 @@ def base(task: str = "reasoning_gym/leg_counting", settings: dict[str, Any] | No
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.0),
             lr_scheduler=fdl.Partial(get_linear_schedule_with_warmup, num_warmup_steps=0,
                                      num_training_steps=steps * mini_batches),  # stepped per optimizer step
-            training=fdl.Config(TrainingSetup, micro_batch_size=64, mini_batches=mini_batches),
+            # 4096 tokens a micro-batch: ~5.4 GB at the budget's longest (the memory check before the run says so)
+            training=fdl.Config(TrainingSetup, micro_batch_size=64, max_tokens_per_micro_batch=4096,
+                                mini_batches=mini_batches),
         ),
         tokenizer=tokenizer,
         train_data=fdl.Config(PromptDataset, rows=task_rows(task, "train", 4096, settings), tokenizer=tokenizer,
