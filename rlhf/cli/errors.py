@@ -29,6 +29,7 @@ _EXPLAINED = {  # module: errors whose message is the whole story (each names th
     "rlhf.runtime.placement": ("PlacementError",),
     "rlhf.runtime.preflight": ("PreflightError",),
     "rlhf.runtime.run_lock": ("RunFolderInUse",),
+    "rlhf.runtime.stages": ("StageOutputError",),
     "rlhf.sweeps": ("SweepError",),
     "rlhf.trainers.checkpoint": ("CheckpointError",),
     "rlhf.trainers.rl": ("NonFiniteTrainingError",),

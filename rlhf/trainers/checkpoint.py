@@ -26,49 +26,15 @@ from typing import Any
 
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.io.fingerprint import sha256_file
+from rlhf.io.manifest import MANIFEST, verify, write_manifest
 from rlhf.workers.state_io import CheckpointFormatError
 
 STATE_FILE = "trainer_state.json"
-MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d{8})$")
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "CheckpointManager", "sha256_file", "verify", "write_manifest"]
-
-
-def write_manifest(folder: Path) -> None:
-    """`MANIFEST.json`: size and sha256 of every file below `folder` (call it after all other files)."""
-    files = {}
-    for root, _, names in os.walk(folder):
-        for name in sorted(names):
-            path = Path(root, name)
-            rel = path.relative_to(folder).as_posix()
-            if rel != MANIFEST:
-                files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    (folder / MANIFEST).write_text(json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True))
-
-
-def verify(folder: Path) -> str | None:
-    """None if every file the manifest lists is there with its size and checksum, else why not."""
-    folder = Path(folder)
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
-    except FileNotFoundError:
-        return f"it has no {MANIFEST} (not written by this version of rlhf, or not by rlhf)"
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"its {MANIFEST} is unreadable ({type(err).__name__}: {err})"
-    for rel, expected in sorted(files.items()):
-        path = folder / rel
-        if not path.is_file():
-            return f"{rel} is missing"
-        size = path.stat().st_size
-        if size != expected["size"]:
-            return f"{rel} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)"
-        if sha256_file(path) != expected["sha256"]:
-            return f"{rel} does not match its sha256 in the manifest (corrupted)"
-    return None
+__all__ = ["MANIFEST", "CheckpointError", "CheckpointManager", "sha256_file", "verify", "write_manifest"]
 
 
 class CheckpointError(RuntimeError):
