@@ -28,6 +28,7 @@ _EXPLAINED = {  # module: errors whose message is the whole story (each names th
     "rlhf.rewards.manager": ("ScorerError", "UnknownDataSourceError"),
     "rlhf.runtime.placement": ("PlacementError",),
     "rlhf.runtime.preflight": ("PreflightError",),
+    "rlhf.runtime.ray_runtime": ("WorkerDiedError",),
     "rlhf.runtime.run_lock": ("RunFolderInUse",),
     "rlhf.runtime.stages": ("StageOutputError",),
     "rlhf.sweeps": ("SweepError",),

@@ -63,3 +63,8 @@ class WaitStage:
         while not (ctx.out_dir / "release").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
         return {"metrics": {"waited": 1.0}}
+
+
+def broken_scorer(solution_str, ground_truth, extra_info=None) -> float:
+    """A reward scorer that fails on every row (a strict RewardManager stops the run with a ScorerError)."""
+    raise RuntimeError("scorer exploded")
