@@ -33,7 +33,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlhf.rollout", "rlhf.data"),  # rollout engines; datasets
     ("rlhf.rewards", "rlhf.models", "rlhf.tracking"),  # scorers; model loading; Aim
     ("rlhf.algos", "rlhf.graph", "rlhf.io"),  # pure math; graphs as data; atomic files
-    ("rlhf.batch", "rlhf.ranges", "rlhf.choices"),  # the data container; range markers; checked choices
+    ("rlhf.batch", "rlhf.ranges", "rlhf.choices", "rlhf.argtypes"),  # the data container; range markers; checked choices; command-line numbers
 ]
 
 # Function-level imports of project modules, and why each one is not at the top of its module.
