@@ -93,7 +93,7 @@ class CheckpointManager:
                 "Free disk space or point the experiment's output_dir elsewhere, then resume."
             ) from err
         for old in self.complete()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old)
         return target
 
     def resume(self, load: Callable[[Path], None]) -> tuple[Path | None, dict[str, Any], list[str]]:
@@ -138,6 +138,17 @@ class CheckpointManager:
             return json.loads((Path(folder) / STATE_FILE).read_text())
         except (OSError, ValueError) as err:
             raise CheckpointError(f"checkpoint {folder} has no readable {STATE_FILE}: {err}") from err
+
+
+def _delete(folder: Path) -> None:
+    """Delete a checkpoint by renaming it to `.step_*.old-<pid>` first: a kill mid-delete leaves a folder that
+    `remove_partial` removes at the next start, never a half-deleted `step_*` folder taken for a checkpoint."""
+    doomed = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    try:
+        os.rename(folder, doomed)
+    except OSError:  # gone already, or not ours to rename: leave it as it is
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _reason(err: BaseException) -> str:
