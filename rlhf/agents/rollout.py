@@ -20,9 +20,10 @@ finite number, or raises SystemExit or KeyboardInterrupt (that rollout's loss ma
 `agent/env_errors` counts it and one warning line names it; the other rollouts go on). A start
 (reset's messages, rendered) longer than `max_prompt_length` tokens is dropped as `PromptDataset`
 drops a longer single-turn prompt (`agent/prompts_too_long`): every turn's input then stays within
-`max_prompt_length + max_response_tokens`, the same bound as a single-turn prompt and response. Tokens past a limit are never appended;
-with `mask_truncated` a conversation a limit cut off is kept out of the loss altogether (its mask
-zeroed, as DAPO's overlong filtering does for single responses).
+`max_prompt_length + max_response_tokens`, the same bound as a single-turn prompt and response.
+Tokens past a limit are never appended; with `mask_truncated` a conversation a limit cut off is
+kept out of the loss altogether (its mask zeroed, as DAPO's overlong filtering does for single
+responses).
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ class AgentRollout:
         tokenizer: PreTrainedTokenizerBase,  # the policy's (its chat template renders the observations)
         parser: ToolCallParser = HermesParser(),  # the model family's tool-call format
         max_turns: PositiveInt = 4,  # assistant turns per conversation
-        max_prompt_length: PositiveInt = 512,  # tokens of the rendered start; longer ones are dropped (as PromptDataset)
+        max_prompt_length: PositiveInt = 512,  # tokens of the rendered start; longer: dropped (as PromptDataset)
         max_response_tokens: PositiveInt = 256,  # tokens after the prompt, sampled and observed, per conversation
         max_observation_chars: PositiveInt | None = 2000,  # each observation message's content is cut to this
         step_timeout_s: float | None = 60.0,  # limit of one reset / step / close of an environment

@@ -50,7 +50,7 @@ def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, ModelShape]:
         return a, ModelShape.from_config(a.config)
     except FileNotFoundError as err:
         p.error(f"{a.config}: no such file ({err.filename or a.config}); give a model's config.json or its folder")
-    except (OSError, ValueError, TypeError, AttributeError) as err:  # unreadable, not JSON, or not a decoder-only model's config
+    except (OSError, ValueError, TypeError, AttributeError) as err:  # unreadable, not JSON, not a model's config
         p.error(f"{a.config} is not a model config the planner can read ({' '.join(str(err).split())}); give "
                 "a Hugging Face config.json of a decoder-only transformer (Llama, Qwen2, Mistral and alike)")
 
