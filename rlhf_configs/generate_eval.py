@@ -64,6 +64,7 @@ def generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens,
         parent_run=parent_run,
         reward=reward,
         model=model,
+        dtype=dtype,  # recorded in each row: a resume with another --dtype is refused
     )
 
 

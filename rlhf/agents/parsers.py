@@ -77,13 +77,15 @@ class HermesParser:
             obj = json.loads(body)
         except json.JSONDecodeError as err:
             return None, f"the tool call {_clip(body)!r} is not valid JSON ({err.msg} at character {err.pos})"
+        except RecursionError:  # JSON nested deeper than Python's recursion limit (a model can sample that)
+            return None, f"the tool call {_clip(body)!r} is nested too deeply to read"
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None, f'the tool call {_clip(body)!r} must be a JSON object with a string "name"'
         arguments = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(arguments, str):  # OpenAI's wire format: the arguments as a JSON string
             try:
                 arguments = json.loads(arguments)
-            except json.JSONDecodeError:
+            except (json.JSONDecodeError, RecursionError):
                 return None, f"the arguments of tool call {obj['name']!r} are a string that is not JSON"
         if not isinstance(arguments, dict):
             return None, f'the "arguments" of tool call {obj["name"]!r} must be a JSON object'

@@ -15,10 +15,15 @@ over the policy's data-parallel ranks like any rollout, so every rank runs the s
 calls and the ranks agree when each conversation ends (no rank waits in a collective for another).
 A conversation ends when its environment says so, at `max_turns`, at the token budget
 `max_response_tokens`, when a turn is cut by `sampling.max_new_tokens` before its end-of-turn
-token, or when its environment raises or times out (that rollout's loss mask is zeroed and
-`agent/env_errors` counts it; the other rollouts go on). Tokens past a limit are never appended;
-with `mask_truncated` a conversation a limit cut off is kept out of the loss altogether (its mask
-zeroed, as DAPO's overlong filtering does for single responses).
+token, or when its environment raises or times out, returns a reward or an info value that is not a
+finite number, or raises SystemExit or KeyboardInterrupt (that rollout's loss mask is zeroed,
+`agent/env_errors` counts it and one warning line names it; the other rollouts go on). A start
+(reset's messages, rendered) longer than `max_prompt_length` tokens is dropped as `PromptDataset`
+drops a longer single-turn prompt (`agent/prompts_too_long`): every turn's input then stays within
+`max_prompt_length + max_response_tokens`, the same bound as a single-turn prompt and response.
+Tokens past a limit are never appended; with `mask_truncated` a conversation a limit cut off is
+kept out of the loss altogether (its mask zeroed, as DAPO's overlong filtering does for single
+responses).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import asyncio
 import dataclasses
 import inspect
 import logging
+import math
 import threading
 import time
 from collections import defaultdict
@@ -38,7 +44,7 @@ from transformers import PreTrainedTokenizerBase
 
 from rlhf.agents.batch import trajectory_batch
 from rlhf.agents.environment import Action, EnvironmentFactory, StepResult
-from rlhf.agents.parsers import HermesParser, ToolCallParser
+from rlhf.agents.parsers import HermesParser, ParsedTurn, ToolCallParser
 from rlhf.agents.trajectory import ChatRenderer, Trajectory
 from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
@@ -49,7 +55,7 @@ log = logging.getLogger(__name__)
 
 Generate = Callable[[Batch, SamplingParams], Batch]  # an engine's or a policy group's `generate`
 
-FINISH_REASONS = ("done", "max_turns", "max_tokens", "length", "error")
+FINISH_REASONS = ("done", "max_turns", "max_tokens", "length", "error", "prompt_too_long")
 
 
 class AgentRollout:
@@ -61,6 +67,7 @@ class AgentRollout:
         tokenizer: PreTrainedTokenizerBase,  # the policy's (its chat template renders the observations)
         parser: ToolCallParser = HermesParser(),  # the model family's tool-call format
         max_turns: PositiveInt = 4,  # assistant turns per conversation
+        max_prompt_length: PositiveInt = 512,  # tokens of the rendered start; longer: dropped (as PromptDataset)
         max_response_tokens: PositiveInt = 256,  # tokens after the prompt, sampled and observed, per conversation
         max_observation_chars: PositiveInt | None = 2000,  # each observation message's content is cut to this
         step_timeout_s: float | None = 60.0,  # limit of one reset / step / close of an environment
@@ -72,6 +79,7 @@ class AgentRollout:
         self.tokenizer = tokenizer
         self.parser = parser
         self.max_turns = max_turns
+        self.max_prompt_length = max_prompt_length
         self.max_response_tokens = max_response_tokens
         self.max_observation_chars = max_observation_chars
         self.step_timeout_s = step_timeout_s
@@ -126,20 +134,7 @@ class AgentRollout:
         records = [{k: rows.non_tensors[k][i] for k in rows.non_tensors} for i in range(len(rows))]
         envs = [_Isolated(self.environment()) for _ in records]
         started = await asyncio.gather(*(self._reset(env, row, limit, clock) for env, row in zip(envs, records)))
-        trajectories, renderers = [], []
-        for (messages, schemas, error), prompt in zip(started, fallback_prompts):
-            renderer = ChatRenderer(self.tokenizer, schemas, self.eos_token_ids)
-            if error is None:
-                try:
-                    trajectory = Trajectory.start(renderer, messages, self.max_response_tokens)
-                except Exception as err:  # a template that cannot render the environment's messages
-                    error = f"{type(err).__name__}: {err}"
-            if error is not None:
-                trajectory = Trajectory(prompt, [], self.max_response_tokens)
-                trajectory.info["env_error"] = error
-                trajectory.finish("error")
-            trajectories.append(trajectory)
-            renderers.append(renderer)
+        trajectories, renderers = self._start(started, fallback_prompts, records)
         try:
             for turn in range(1, self.max_turns + 1):
                 live = [i for i, t in enumerate(trajectories) if not t.finished]
@@ -150,15 +145,43 @@ class AgentRollout:
                 results = await asyncio.gather(*(
                     self._step(envs[i], self._action(trajectories[i], turn), limit, clock) for i in acting))
                 for i, (result, error) in zip(acting, results):
-                    self._apply(trajectories[i], renderers[i], result, error, last_turn=turn == self.max_turns)
+                    try:
+                        self._apply(trajectories[i], renderers[i], result, error, last_turn=turn == self.max_turns)
+                    except Exception as err:  # what the environment returned broke this rollout, not the others
+                        _fail(trajectories[i], f"step {turn}: {_one_line(err)}", records[i])
         finally:
             await asyncio.gather(*(self._close(env, limit) for env in envs))
         truncated = ("max_turns", "max_tokens", "length") if self.mask_truncated else ()
         for t in trajectories:
             t.finish("max_turns")
-            if t.finish_reason == "error" or t.finish_reason in truncated:
+            if t.finish_reason in ("error", "prompt_too_long") or t.finish_reason in truncated:
                 t.loss_mask = [0] * len(t.loss_mask)
         return trajectories, clock.seconds
+
+    def _start(self, started: list, fallback_prompts: list[list[int]], records: list[dict]
+               ) -> tuple[list[Trajectory], list[ChatRenderer]]:
+        """Each conversation's start from its reset; a failed reset or an overlong start begins (and ends)
+        from the dataset's prompt instead, with an empty response."""
+        trajectories, renderers = [], []
+        for (messages, schemas, error), prompt, row in zip(started, fallback_prompts, records):
+            renderer = ChatRenderer(self.tokenizer, schemas, self.eos_token_ids)
+            trajectory, reason = None, "error"
+            if error is None:
+                try:
+                    trajectory = Trajectory.start(renderer, messages, self.max_response_tokens)
+                except Exception as err:  # a template that cannot render the environment's messages
+                    error = f"reset: {_one_line(err)}"
+            if trajectory is not None and len(trajectory.prompt_ids) > self.max_prompt_length:
+                error, reason = (f"reset: the environment's prompt has {len(trajectory.prompt_ids)} tokens, over "
+                                 f"max_prompt_length={self.max_prompt_length}; dropped"), "prompt_too_long"
+                log.warning("rollout of row %s: %s", row.get("uid"), error)
+            if error is not None:
+                trajectory = Trajectory(prompt, [], self.max_response_tokens)
+                trajectory.info["env_error"] = error
+                trajectory.finish(reason)
+            trajectories.append(trajectory)
+            renderers.append(renderer)
+        return trajectories, renderers
 
     def _generate_turn(
         self, generate: Generate, live: list[Trajectory], renderers: list[ChatRenderer], sampling: SamplingParams
@@ -176,7 +199,10 @@ class AgentRollout:
 
     def _action(self, t: Trajectory, turn: int) -> Action:
         text = t.messages[-1]["content"]
-        parsed = self.parser.parse(text)
+        try:
+            parsed = self.parser.parse(text)
+        except Exception as err:  # a parser that breaks on this turn: the turn is a malformed call
+            parsed = ParsedTurn(text, (), (f"the turn could not be parsed ({_one_line(err)})",))
         if parsed.errors:
             t.count("tool_errors/parse", len(parsed.errors))
         return Action(text=text, content=parsed.content, calls=parsed.calls, errors=parsed.errors, turn=turn)
@@ -188,8 +214,17 @@ class AgentRollout:
             t.finish("error")
             return
         if result.reward is not None:
-            t.rewards.append(float(result.reward))
-        for key, value in result.info.items():
+            reward = _number(result.reward)
+            if reward is None or not math.isfinite(reward):
+                kind = "a finite number" if reward is not None else "a number"
+                raise ValueError(f"reward {_clip_repr(result.reward)} is not {kind}")
+            t.rewards.append(reward)
+        counts = {}
+        for key, value in dict(result.info).items():
+            counts[key] = _number(value)
+            if counts[key] is None:
+                raise TypeError(f"info[{key!r}] = {_clip_repr(value)} is not a number")
+        for key, value in counts.items():
             t.count(key, value)
         if result.done:
             t.finish("done")
@@ -224,8 +259,8 @@ class AgentRollout:
                     if hasattr(env.env, "tool_schemas") else None
             return messages, schemas or None, None
         except Exception as err:
-            log.warning("environment reset failed for row %s: %s: %s", row.get("uid"), type(err).__name__, err)
-            return None, None, f"reset: {type(err).__name__}: {err}"
+            log.warning("environment reset failed for row %s: %s", row.get("uid"), _one_line(err))
+            return None, None, f"reset: {_one_line(err)}"
 
     async def _step(self, env: _Isolated, action: Action, limit: asyncio.Semaphore, clock: _Clock):
         """(StepResult, None) or (None, what went wrong)."""
@@ -233,8 +268,8 @@ class AgentRollout:
             async with limit, clock:
                 result = await env.call("step", action, timeout_s=self.step_timeout_s)
         except Exception as err:
-            log.warning("environment step failed at turn %d: %s: %s", action.turn, type(err).__name__, err)
-            return None, f"step {action.turn}: {type(err).__name__}: {err}"
+            log.warning("environment step failed at turn %d: %s", action.turn, _one_line(err))
+            return None, f"step {action.turn}: {_one_line(err)}"
         if not isinstance(result, StepResult):
             return None, (f"step {action.turn}: {type(env.env).__name__}.step returned {type(result).__name__}, "
                           "not StepResult")
@@ -249,6 +284,43 @@ class AgentRollout:
             log.warning("environment close failed: %s: %s", type(err).__name__, err)
         finally:
             env.stop()
+
+
+class EnvironmentExit(Exception):
+    """An environment raised SystemExit or KeyboardInterrupt: its rollout fails like any other error."""
+
+    def __init__(self, err: BaseException):
+        super().__init__(err)
+        self.original = err
+
+
+def _one_line(err: BaseException) -> str:
+    """`Type: message` of an error (of the original one for `EnvironmentExit`), on one line."""
+    err = err.original if isinstance(err, EnvironmentExit) else err
+    text = " ".join(str(err).split())
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
+
+
+def _number(value: Any) -> float | None:
+    """`value` as a float, or None when it is not a number (a string never is, even "3")."""
+    if isinstance(value, (str, bytes)):
+        return None
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _clip_repr(value: Any, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _fail(t: Trajectory, error: str, row: Mapping) -> None:
+    """End a rollout on an error of what its environment returned, with one warning line."""
+    log.warning("rollout of row %s failed: %s", row.get("uid"), error)
+    t.info["env_error"] = error
+    t.finish("error")
 
 
 class _Isolated:
@@ -276,8 +348,11 @@ class _Isolated:
 
     async def call(self, method: str, *args: Any, timeout_s: float | None) -> Any:
         async def run():
-            value = getattr(self.env, method)(*args)
-            return await value if inspect.isawaitable(value) else value
+            try:
+                value = getattr(self.env, method)(*args)
+                return await value if inspect.isawaitable(value) else value
+            except (SystemExit, KeyboardInterrupt) as err:  # the environment's own (signals reach the main thread)
+                raise EnvironmentExit(err) from None  # else it ends this thread's loop: a timeout and a traceback
 
         future = asyncio.run_coroutine_threadsafe(run(), self.loop)
         try:
@@ -356,6 +431,7 @@ def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
         "tool_errors/rate": total_errors / sum(calls) if sum(calls) else 0.0,
         **dict(sorted(errors.items())),
         "agent/env_errors": float(sum(t.finish_reason == "error" for t in trajectories)),
+        "agent/prompts_too_long": float(sum(t.finish_reason == "prompt_too_long" for t in trajectories)),
         "agent/template_fallbacks": float(sum(t.template_fallbacks for t in trajectories)),
     }
     for reason in FINISH_REASONS:

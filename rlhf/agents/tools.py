@@ -97,7 +97,8 @@ class Tool:
             return ToolResult(self.name, f"error: invalid arguments for {self.name}: {problems}", "invalid_arguments")
         except TimeoutError:
             return ToolResult(self.name, f"error: {self.name} timed out after {self.timeout_s:g} s", "timeout")
-        except Exception as err:  # the tool's own failure is the model's observation
+        except (Exception, SystemExit, KeyboardInterrupt) as err:  # the tool's own failure is the model's observation
+            # SystemExit / KeyboardInterrupt here are the tool's own (signals reach the main thread, not this one)
             return ToolResult(self.name, f"error: {self.name} raised {type(err).__name__}: {err}", "exception")
         return ToolResult(self.name, value if isinstance(value, str) else json.dumps(value, default=str))
 

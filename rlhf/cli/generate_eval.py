@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 
 import datasets
 
+from rlhf.argtypes import POSITIVE, OneLineParser as _Parser, number as _number
 from rlhf.data.arrow import data_sources
 from rlhf.data.files import read_rows
 from rlhf.data.schema import DataError
@@ -28,33 +29,6 @@ from rlhf.runtime.preflight import PreflightError
 from rlhf_configs.generate_eval import eval_experiment, generation_experiment, probe_experiment
 
 __all__ = ["eval_main", "generate_main", "load_scorer", "probe_main"]
-
-
-def _number(kind: type, low: float, high: float | None = None, low_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a `kind` number in [low, high] ((low, high] with `low_open`), else one clear line."""
-    bounds = f"{'>' if low_open else '>='} {low:g}" + (f" and <= {high:g}" if high is not None else "")
-
-    def parse(text: str) -> float:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if value < low or (low_open and value == low) or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be {bounds}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
-    return parse
-
-
-POSITIVE = _number(int, 1)
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors in one line (the usage block is what --help is for)."""
-
-    def error(self, message: str):
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def load_scorer(spec: str) -> tuple[str | None, Callable]:

@@ -22,6 +22,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from rlhf.argtypes import POSITIVE, OneLineParser, number
 from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.runtime.preflight.memory import device_peak
@@ -32,19 +33,30 @@ from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.training import TrainingSetup
 
 
-def memory_plan_main(argv: Sequence[str]) -> int:
-    p = argparse.ArgumentParser(prog="rlhf plan --memory", description=__doc__.splitlines()[0])
+def _arguments(argv: Sequence[str]) -> tuple[argparse.Namespace, ModelShape]:
+    """The flags, each checked where it is parsed, and the model's shape; a bad one exits 2 in one line."""
+    p = OneLineParser(prog="rlhf plan --memory", description=__doc__.splitlines()[0])
     p.add_argument("config", help="a model's config.json (or its folder); no weights are read")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs, one FSDP rank each (default 8)")
-    p.add_argument("--gpu-memory", type=float, default=80.0, help="GB per GPU (default 80)")
-    p.add_argument("--prompts", type=int, default=64, help="prompts per step (default 64)")
-    p.add_argument("--n", type=int, default=8, help="samples per prompt (default 8)")
-    p.add_argument("--prompt-tokens", type=int, default=1024, help="longest prompt (default 1024)")
-    p.add_argument("--response-tokens", type=int, default=1024, help="max new tokens (default 1024)")
+    p.add_argument("--gpus", type=POSITIVE, default=8, help="GPUs, one FSDP rank each (default 8)")
+    p.add_argument("--gpu-memory", type=number(float, 0, low_open=True), default=80.0, help="GB per GPU (default 80)")
+    p.add_argument("--prompts", type=POSITIVE, default=64, help="prompts per step (default 64)")
+    p.add_argument("--n", type=POSITIVE, default=8, help="samples per prompt (default 8)")
+    p.add_argument("--prompt-tokens", type=POSITIVE, default=1024, help="longest prompt (default 1024)")
+    p.add_argument("--response-tokens", type=POSITIVE, default=1024, help="max new tokens (default 1024)")
     p.add_argument("--critic", action="store_true", help="PPO: a critic of the same shape on every GPU too")
     p.add_argument("--all", action="store_true", help="list settings that do not fit too")
     a = p.parse_args(argv)
-    shape = ModelShape.from_config(a.config)
+    try:
+        return a, ModelShape.from_config(a.config)
+    except FileNotFoundError as err:
+        p.error(f"{a.config}: no such file ({err.filename or a.config}); give a model's config.json or its folder")
+    except (OSError, ValueError, TypeError, AttributeError) as err:  # unreadable, not JSON, not a model's config
+        p.error(f"{a.config} is not a model config the planner can read ({' '.join(str(err).split())}); give "
+                "a Hugging Face config.json of a decoder-only transformer (Llama, Qwen2, Mistral and alike)")
+
+
+def memory_plan_main(argv: Sequence[str]) -> int:
+    a, shape = _arguments(argv)
     capacity = a.gpu_memory * 1e9
     rows = max(1, -(-a.prompts * a.n // a.gpus))
     workload = Workload(a.prompt_tokens, a.response_tokens, n=a.n, rows=rows)

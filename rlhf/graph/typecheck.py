@@ -117,7 +117,7 @@ def _hints_one_by_one(fn: Any, target: Any) -> dict[str, Any]:
 def violation(value: Any, annotation: Any) -> str | None:
     """None when `value` fits `annotation` (or cannot be judged), else what was expected."""
     if isinstance(value, fdl.Buildable):
-        return None  # built later; its type is not known yet
+        return _instance_for_factory(value, annotation)  # otherwise built later: its type is not known yet
     origin = typing.get_origin(annotation)
     if origin is Annotated:
         base, *metadata = typing.get_args(annotation)
@@ -134,6 +134,23 @@ def violation(value: Any, annotation: Any) -> str | None:
         return describe(annotation)
     fits = _fits(value, annotation)
     return None if fits is not False else describe(annotation)
+
+
+def _instance_for_factory(node: fdl.Buildable, annotation: Any) -> str | None:
+    """What was expected, when `node` is an `fdl.Config` of a class whose instances cannot be called given
+    where only a factory fits (`records: Callable[[], RolloutRecorder]`): its value is an instance, which
+    fails only once the graph is built, after the models load. None in every other case."""
+    cls = fdl.get_callable(node)
+    if type(node) is not fdl.Config or not isinstance(cls, type):
+        return None
+    if any("__call__" in vars(k) for k in cls.__mro__ if k is not object):
+        return None  # its instances are callables themselves
+    base = typing.get_args(annotation)[0] if typing.get_origin(annotation) is Annotated else annotation
+    arms = typing.get_args(base) if typing.get_origin(base) in (Union, types.UnionType) else (base,)
+    if not all(typing.get_origin(a) is collections.abc.Callable or a in (None, type(None)) for a in arms):
+        return None
+    return (f"{describe(annotation)}: fdl.Config builds a {cls.__name__} instance, which cannot be called; give "
+            f"a factory, fdl.Partial({cls.__name__}, ...)")
 
 
 def _fits(value: Any, tp: Any) -> bool | None:

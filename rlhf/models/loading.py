@@ -19,10 +19,10 @@ from pathlib import Path
 
 import torch
 import transformers
-from filelock import FileLock
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.io.lock import held
 from rlhf.models.adapters import adapter_base_name, is_adapter_folder, merge_adapter_into
 from rlhf.models.importing import cache_root
 from rlhf.models.saving import save_model_folder
@@ -194,7 +194,7 @@ def model_folder(name_or_path: str) -> str:
                 digest.update(f"{item.name}:{item.stat().st_size}:{item.stat().st_mtime_ns}\n".encode())
     target = cache_root() / "merged" / digest.hexdigest()[:16]
     target.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(target) + ".lock"):
+    with held(target.with_name(target.name + ".lock")):
         if not (target / "config.json").is_file():
             model, tokenizer = load_causal_lm(path), load_tokenizer(path)
             atomic_write_dir(str(target), lambda tmp: save_model_folder(tmp, model, tokenizer))

@@ -5,13 +5,16 @@ transformers (5.x) records how a tokenizer was loaded in its `tokenizer_config.j
 folder they came from (`_name_or_path`). Copied to another machine, such a folder refuses to reach
 the hub or names a path that does not exist there. Every folder the project hands to users
 (`final/`, `rlhf export`, adapters, a checkpoint's `hf/`) is written through `save_tokenizer` /
-`make_portable`, so none carries them.
+`make_portable`, so none carries them. A full model folder gets a `MANIFEST.json` (every file's size
+and sha256, `rlhf.io.manifest`), so a stage that starts from another stage's `final/` can check it first.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from rlhf.io.manifest import write_manifest
 
 # keys whose values describe the machine or the call that loaded the files, never the model
 MACHINE_KEYS = ("local_files_only", "is_local", "_name_or_path", "name_or_path", "_model_name_or_path",
@@ -39,9 +42,11 @@ def save_tokenizer(tokenizer, folder: str | Path) -> None:
 
 
 def save_model_folder(folder: str | Path, model, tokenizer=None, state_dict: dict | None = None) -> None:
-    """A Hugging Face model folder (safetensors weights, config, generation config, tokenizer), portable.
-    `state_dict`: the weights to write instead of `model`'s own (e.g. gathered from FSDP shards)."""
+    """A Hugging Face model folder (safetensors weights, config, generation config, tokenizer), portable,
+    with its `MANIFEST.json`. `state_dict`: the weights to write instead of `model`'s own (e.g. gathered
+    from FSDP shards)."""
     model.save_pretrained(str(folder), state_dict=state_dict)
     if tokenizer is not None:
         tokenizer.save_pretrained(str(folder))
     make_portable(folder)
+    write_manifest(Path(folder))  # last: it lists every other file

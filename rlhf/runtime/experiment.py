@@ -27,6 +27,7 @@ from rlhf.graph.io import graph_hash
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.runtime.preflight import preflight
+from rlhf.runtime.run_lock import run_folder_lock
 from rlhf.runtime.run_record import RunRecord
 from rlhf.runtime.stages import resolve_stage_outputs, stage_references
 from rlhf.tracking.lineage import lineage_params
@@ -94,6 +95,14 @@ def run_experiment(
     sweep = (run_params or {}).get("sweep")
     run_label = f"{run_folder}#{sweep['index']}" if isinstance(sweep, dict) and "index" in sweep else run_folder
     selected = [name for name in graph.stages if stages is None or name in stages]
+    with run_folder_lock(out_root):  # a second job on this run folder is refused here, naming this one
+        return _run_stages(graph, selected, out_root, resumable, run_label, overrides=overrides, fiddlers=fiddlers,
+                           run_params=run_params, tags=tags, allow_changes=allow_changes)
+
+
+def _run_stages(graph, selected, out_root, resumable, run_label, *, overrides, fiddlers, run_params, tags,
+                allow_changes) -> dict[str, dict[str, Any]]:
+    """The selected stages in order, in a run folder this job holds; a finished one is skipped."""
     record, invocation = None, {}
     if resumable:
         record = RunRecord(out_root)

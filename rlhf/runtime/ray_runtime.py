@@ -13,6 +13,7 @@ joins one (docs/runtime.md).
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import sys
@@ -134,7 +135,10 @@ class RayWorkerGroup(WorkerGroup):
             raise
 
     def _run(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
-        return ray.get(self._submit(method, per_rank))
+        try:
+            return ray.get(self._submit(method, per_rank))
+        except ray.exceptions.RayActorError as err:  # its text is Ray's multi-line dump, or nothing at all
+            raise WorkerDiedError(_died_message(self, method, err)) from err
 
     def _submit(self, method: str, per_rank: Sequence[tuple[tuple, dict]]) -> list[Any]:
         return [a.call.remote(method, args, kwargs) for a, (args, kwargs) in zip(self.actors, per_rank)]
@@ -143,6 +147,32 @@ class RayWorkerGroup(WorkerGroup):
         for a in self.actors:
             ray.kill(a)
         self.actors = []
+
+
+class WorkerDiedError(RuntimeError):
+    """A worker's process died (killed, out of memory, a crash in native code); names it and its log."""
+
+
+def _died_message(group: RayWorkerGroup, method: str, err: Any) -> str:
+    """Which rank of `group` died during `method`, and where its output and the likely cause are."""
+    ranks = [r for r, a in enumerate(group.actors) if a._actor_id.hex() == getattr(err, "actor_id", None)]
+    rank = f"rank {ranks[0]} of {group.world_size}" if ranks else f"a worker (of {group.world_size})"
+    text = str(getattr(err, "error_msg", "") or err)
+    pid, ip = re.search(r"\bpid: (\d+)", text), re.search(r"\bip: (\S+)", text)
+    where = f" (pid {pid.group(1)}{f' on {ip.group(1)}' if ip else ''})" if pid else ""
+    logs = _logs_dir()
+    files = f"{logs}/worker-*-{pid.group(1)}.err and .out" if pid else f"the worker-*.err files in {logs}"
+    return (f"worker group {group.name!r}: {rank}{where} died during {method}(). Its output is in {files}. A "
+            f"worker that dies without a Python error was most often killed for running out of memory: see "
+            f"raylet.out in the same folder (Ray's memory monitor) and `dmesg` (the kernel's OOM killer).")
+
+
+def _logs_dir() -> str:
+    """This Ray session's log folder (the default one where Ray does not say)."""
+    try:
+        return ray._private.worker._global_node.get_logs_dir_path()
+    except Exception:  # a private API: its absence must not hide the error being reported
+        return "/tmp/ray/session_latest/logs"
 
 
 def _cluster_state() -> str:

@@ -10,7 +10,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
@@ -18,6 +18,7 @@ import uvicorn
 from fastapi import FastAPI
 
 from rlhf.agents.parsers import CodeBlockParser, HermesParser, PythonCallParser, ToolCallParser
+from rlhf.argtypes import POSITIVE, OneLineParser, number
 from rlhf.models.loading import ModelNotFoundError
 from rlhf.rollout.choose import engine_class
 from rlhf.rollout.vllm_engine import VLLMEngine
@@ -47,7 +48,7 @@ _LIMIT_HELP = {
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="rlhf serve",
         description="Serve a model folder (a trainer's checkpoint is one) with OpenAI's API: "
         "/v1/completions, /v1/chat/completions, /v1/models.",
@@ -55,7 +56,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("model", help="a Hugging Face model folder, e.g. runs/x/grpo/final, a PEFT adapter folder "
                         "(e.g. runs/x/grpo/final-adapter: served merged into its base), or a hub id")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--port", type=number(int, 0, 65535), default=8000)
     parser.add_argument(
         "--api-key", default=os.environ.get("RLHF_API_KEY"),
         help="require `Authorization: Bearer KEY` (default: $RLHF_API_KEY; none means no key)",
@@ -66,16 +67,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--engine", default="auto", choices=["auto", "hf", "vllm"],
         help="rollout engine: transformers (hf) or vLLM; auto: vLLM on a GPU where it is installed, else hf",
     )
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5,
+    parser.add_argument("--gpu-memory-utilization", type=number(float, 0, 1, low_open=True), default=0.5,
                         help="vLLM: fraction of GPU memory (of RAM on CPU) for weights and KV cache")
-    parser.add_argument("--max-model-len", type=int, default=None,
+    parser.add_argument("--max-model-len", type=POSITIVE, default=None,
                         help="vLLM: prompt + response tokens per sequence (default: the model's limit)")
     parser.add_argument(
         "--sessions", action="store_true",
         help="gateway mode: record every chat completion under /sessions/ID/v1 as a token-exact trajectory "
         "(prompt ids, response ids, log-probs; GET /sessions/ID), for training on an agent's conversations",
     )
-    parser.add_argument("--max-sessions", type=int, default=10_000,
+    parser.add_argument("--max-sessions", type=POSITIVE, default=10_000,
                         help="gateway mode: sessions kept (the least recently used beyond it are dropped)")
     parser.add_argument(
         "--tool-call-parser", choices=sorted(TOOL_CALL_PARSERS), default=None,
@@ -88,18 +89,25 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="a Jinja chat template to render chat requests with instead of the model's own (e.g. one that "
         "renders `tools` for a model whose template ignores them)",
     )
-    parser.add_argument("--torch-threads", type=int, default=1, help="torch CPU threads (the machine is shared)")
+    parser.add_argument("--torch-threads", type=POSITIVE, default=1, help="torch CPU threads (the machine is shared)")
     parser.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     parser.add_argument(
-        "--timeout-keep-alive", type=int, default=KEEP_ALIVE_S,
+        "--timeout-keep-alive", type=number(int, 0), default=KEEP_ALIVE_S,
         help=f"seconds an idle HTTP connection stays open (default {KEEP_ALIVE_S})",
     )
     for field in dataclasses.fields(ServeLimits):
         parser.add_argument(
-            f"--{field.name.replace('_', '-')}", type=type(field.default), default=field.default,
+            f"--{field.name.replace('_', '-')}", type=_limit_type(field), default=field.default,
             help=f"{_LIMIT_HELP[field.name]} (default {field.default})",
         )
     return parser.parse_args(list(argv))
+
+
+def _limit_type(field: dataclasses.Field) -> Callable[[str], float]:
+    """A `ServeLimits` flag's type: a count is >= 1, a wait >= 0, a timeout > 0 (0 would refuse everything)."""
+    if field.name == "batch_wait_ms":
+        return number(float, 0)
+    return POSITIVE if isinstance(field.default, int) else number(float, 0, low_open=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

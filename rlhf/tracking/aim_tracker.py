@@ -8,8 +8,6 @@ once, so queries and `aim up` see the finished run immediately.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import logging
 import os
 import tempfile
@@ -26,6 +24,8 @@ try:  # optional where runs are not tracked (a bare GPU machine, `fiddler:no_tra
 except ImportError as _missing:
     aim = None
     _AIM_MISSING = _missing
+
+from rlhf.io.lock import held_folder
 
 __all__ = ["AimTracker", "TrackedRun", "Status"]
 
@@ -140,21 +140,8 @@ def open_repo(path: str) -> aim.Repo:
     folder = Path(path).expanduser()
     root = folder.parent if folder.name == ".aim" else folder
     root.mkdir(parents=True, exist_ok=True)
-    with _folder_lock(root):
+    with held_folder(root):
         return aim.Repo.from_path(str(folder), init=not aim.Repo.exists(str(folder)))
-
-
-@contextlib.contextmanager
-def _folder_lock(folder: Path):
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        except OSError as err:  # a filesystem without flock on folders: go on as before, unlocked
-            log.debug("cannot lock %s (%s); creating the Aim repository without a lock", folder, err)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
 
 
 class TrackedRun:

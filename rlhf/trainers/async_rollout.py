@@ -258,7 +258,7 @@ class RolloutPipeline:
         with self._cond:
             while True:
                 if self._error is not None:
-                    raise RuntimeError(f"the rollout producer failed: {self._error!r}") from self._error
+                    raise self._producer_error()
                 if self._queue:
                     item = self._queue.popleft()
                     stale = step - 1 - item.version
@@ -294,6 +294,16 @@ class RolloutPipeline:
         }
         return item, metrics
 
+    def _producer_error(self) -> BaseException:
+        """The producer thread's own error, to raise in the trainer: an explained one (a strict scorer's
+        `ScorerError`) then ends the run in its one line, as in synchronous rollout; any other keeps the
+        producer's traceback, with a note saying where it was raised."""
+        err = self._error
+        note = "(raised in the rollout producer thread, rlhf.trainers.async_rollout)"
+        if note not in getattr(err, "__notes__", ()):
+            err.add_note(note)
+        return err
+
     def _release_device(self) -> None:
         if self._device is not None and self._trainer_holds_device:
             self._device.release()
@@ -316,7 +326,7 @@ class RolloutPipeline:
             self._cond.notify_all()
             while self._producing or (self._may_produce() and not self._stopping):
                 if self._error is not None:
-                    raise RuntimeError(f"the rollout producer failed: {self._error!r}") from self._error
+                    raise self._producer_error()
                 self._cond.wait()
             queued = list(self._queue)
             state = {"next_index": self._next_index, "dropped_total": self._dropped_total}

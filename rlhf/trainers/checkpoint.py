@@ -26,49 +26,15 @@ from typing import Any
 
 from rlhf.io.atomic import atomic_write_dir
 from rlhf.io.fingerprint import sha256_file
+from rlhf.io.manifest import MANIFEST, verify, write_manifest
 from rlhf.workers.state_io import CheckpointFormatError
 
 STATE_FILE = "trainer_state.json"
-MANIFEST = "MANIFEST.json"
 _STEP = re.compile(r"^step_(\d{8})$")
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CheckpointError", "CheckpointManager", "sha256_file", "verify", "write_manifest"]
-
-
-def write_manifest(folder: Path) -> None:
-    """`MANIFEST.json`: size and sha256 of every file below `folder` (call it after all other files)."""
-    files = {}
-    for root, _, names in os.walk(folder):
-        for name in sorted(names):
-            path = Path(root, name)
-            rel = path.relative_to(folder).as_posix()
-            if rel != MANIFEST:
-                files[rel] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
-    (folder / MANIFEST).write_text(json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True))
-
-
-def verify(folder: Path) -> str | None:
-    """None if every file the manifest lists is there with its size and checksum, else why not."""
-    folder = Path(folder)
-    try:
-        manifest = json.loads((folder / MANIFEST).read_text())
-        files = manifest["files"]
-    except FileNotFoundError:
-        return f"it has no {MANIFEST} (not written by this version of rlhf, or not by rlhf)"
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        return f"its {MANIFEST} is unreadable ({type(err).__name__}: {err})"
-    for rel, expected in sorted(files.items()):
-        path = folder / rel
-        if not path.is_file():
-            return f"{rel} is missing"
-        size = path.stat().st_size
-        if size != expected["size"]:
-            return f"{rel} has {size} bytes, the manifest says {expected['size']} (truncated or replaced)"
-        if sha256_file(path) != expected["sha256"]:
-            return f"{rel} does not match its sha256 in the manifest (corrupted)"
-    return None
+__all__ = ["MANIFEST", "CheckpointError", "CheckpointManager", "sha256_file", "verify", "write_manifest"]
 
 
 class CheckpointError(RuntimeError):
@@ -127,7 +93,7 @@ class CheckpointManager:
                 "Free disk space or point the experiment's output_dir elsewhere, then resume."
             ) from err
         for old in self.complete()[: -self.keep]:
-            shutil.rmtree(old, ignore_errors=True)
+            _delete(old)
         return target
 
     def resume(self, load: Callable[[Path], None]) -> tuple[Path | None, dict[str, Any], list[str]]:
@@ -172,6 +138,17 @@ class CheckpointManager:
             return json.loads((Path(folder) / STATE_FILE).read_text())
         except (OSError, ValueError) as err:
             raise CheckpointError(f"checkpoint {folder} has no readable {STATE_FILE}: {err}") from err
+
+
+def _delete(folder: Path) -> None:
+    """Delete a checkpoint by renaming it to `.step_*.old-<pid>` first: a kill mid-delete leaves a folder that
+    `remove_partial` removes at the next start, never a half-deleted `step_*` folder taken for a checkpoint."""
+    doomed = folder.with_name(f".{folder.name}.old-{os.getpid()}")
+    try:
+        os.rename(folder, doomed)
+    except OSError:  # gone already, or not ours to rename: leave it as it is
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _reason(err: BaseException) -> str:

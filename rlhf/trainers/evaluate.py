@@ -24,7 +24,8 @@ class Evaluator:
     from the same generations. The reward's own metrics go under `val-aux/`, as training logs
     them under their plain names: counts summed over the validation set (`val-aux/reward/errors`,
     the rows a `strict=False` manager gave its fallback score, `.../errors/<source>`,
-    `val-aux/reward/extra_nonfinite`, NaN/inf extra values), other values averaged over rows.
+    `val-aux/reward/extra_nonfinite`, NaN/inf extra values), other values averaged over rows; an
+    auxiliary reward's the same under its name (`val-aux/<name>/reward/errors`).
     """
 
     def __init__(
@@ -64,6 +65,7 @@ class Evaluator:
         aux: dict[str, list[float]] = defaultdict(list)
         produced: dict[str, list[float]] = defaultdict(list)
         reward_metrics: list[tuple[dict[str, float], int]] = []
+        aux_metrics: dict[str, list[tuple[dict[str, float], int]]] = defaultdict(list)
         for prompts in self.dataset.in_order(self.prompts_per_call):
             rollout, rollout_metrics = self.rollout(policy, prompts, self.sampling)  # a prompt's n samples adjacent
             for name, value in rollout_metrics.items():
@@ -75,7 +77,8 @@ class Evaluator:
                 rows.append({"data_source": source, "responses": texts[p * n : (p + 1) * n]})
                 scores.append(flat[p * n : (p + 1) * n])
             for name, manager in self.aux_rewards.items():
-                extra, _ = score_rollout(rollout, self.dataset.tokenizer, manager)
+                extra, extra_metrics = score_rollout(rollout, self.dataset.tokenizer, manager)
+                aux_metrics[name].append((extra_metrics, len(rollout)))
                 for source, score in zip(rollout["data_source"], extra["scores"].tolist()):
                     aux[f"val-aux/{source}/{name}/mean@{n}"].append(score)
         results = evaluate_scores(rows, scores, ks=self.ks, n_boot=max(self.n_boot, 1))
@@ -84,6 +87,8 @@ class Evaluator:
             metrics = {k: v for k, v in metrics.items() if not k.endswith(("/ci_low", "/ci_high"))}
         metrics.update({k: sum(v) / len(v) for k, v in sorted(aux.items())})
         metrics.update({f"val-aux/{k}": v for k, v in combine_reward_metrics(reward_metrics).items()})
+        for name, calls in sorted(aux_metrics.items()):  # an auxiliary reward's failures count as the main one's
+            metrics.update({f"val-aux/{name}/{k}": v for k, v in combine_reward_metrics(calls).items()})
         # the producer's own metrics (multi-turn: turns, tool calls), averaged over the calls
         metrics.update({f"val-aux/{k}": sum(v) / len(v) for k, v in sorted(produced.items()) if not k.startswith("timing")})
         return metrics

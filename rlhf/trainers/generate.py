@@ -7,14 +7,14 @@ The output is JSON Lines: each input row (verl's schema) plus
     responses            list of n response texts (special tokens such as EOS dropped)
     response_lengths     list of n response lengths in tokens (EOS included)
     prompt_length        the prompt's length in tokens, after the chat template
-    generation_settings  the model (folder and a signature of its files) and the sampling
-                         settings that wrote the row
+    generation_settings  the model (folder and a signature of its files), the dtype it computed
+                         in and the sampling settings that wrote the row
     scores               list of n scores, when the stage was given a reward (a scorer)
 
 Rows are appended one batch at a time, flushed and fsynced, so an interrupted job loses at
 most the batch in flight. Run it again with the same output and it resumes: the rows already
 in the file are checked (same prompt at that row_index, n responses, the same model and
-sampling settings) and skipped; a partial last line left by a crash is cut off first. When
+dtype and sampling settings) and skipped; a partial last line left by a crash is cut off first. When
 every row is done the JSON Lines file is put in row_index order (rewritten atomically only if
 a resume left it out of order, or rows written without a scorer get their scores) and a parquet
 copy is written next to it, atomically (temporary file + rename).
@@ -194,6 +194,7 @@ class GenerationStage:
         parent_run: str | None = None,  # the Aim run that trained the model, recorded as this run's parent
         reward: Reward | None = None,  # scores every response (a `scores` list per row); None: no scoring
         model: str | None = None,  # the model folder (or hub id) the policy generates with, recorded in each row
+        dtype: str | None = None,  # the dtype the policy computes in, recorded in each row; None: not recorded
     ):
         if (prompts_per_call is not None and prompts_per_call < 1) or write_every < 1:
             raise ValueError(f"prompts_per_call and write_every must be >= 1, got {prompts_per_call} and {write_every}")
@@ -208,6 +209,7 @@ class GenerationStage:
         self.parent_run = parent_run
         self.reward = reward
         self.model = model
+        self.dtype = dtype
         if reward is not None:
             reward.check_sources(dataset.data_sources)
             reward.check_generation_limit(sampling.max_new_tokens)
@@ -216,8 +218,9 @@ class GenerationStage:
         return output_paths(self.output or ctx.out_dir / "generations.jsonl")[0]
 
     def settings(self) -> dict[str, Any]:
-        """What each row records about how it was made: the model and the sampling settings."""
-        return {**(model_signature(self.model) or {"model": None}), **dataclasses.asdict(self.sampling)}
+        """What each row records about how it was made: the model, its dtype and the sampling settings."""
+        dtype = {"dtype": self.dtype} if self.dtype is not None else {}
+        return {**(model_signature(self.model) or {"model": None}), **dtype, **dataclasses.asdict(self.sampling)}
 
     def calls(self, pending: Sequence[int]) -> Iterator[list[int]]:
         """The prompt indices of each generate call."""

@@ -9,7 +9,9 @@ special tokens; `show` prints them one per line, `rlhf rollouts view` dims the u
 A step's rows are appended in one write; a write that fails (a full disk) is cut back to where
 the file ended, so the file never keeps half a step. A kill in the middle of the write can still
 leave a torn last line: a resume (`truncate_records`) drops it with a warning, and reading
-skips it with a warning, instead of stopping at a `JSONDecodeError`.
+skips it with a warning, instead of stopping at a `JSONDecodeError`. A bad line elsewhere (a hand
+edit, a damaged copy) stops a resume, which rewrites the file, naming the line; reading
+(`rlhf rollouts show` / `view`) leaves it out with a warning naming it and shows the rest.
 """
 
 from __future__ import annotations
@@ -126,9 +128,10 @@ def append_whole(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
+def _parsed_lines(path: Path, skip_bad: bool = False) -> list[tuple[str, dict]]:
     """(line, row) for each line; a torn last line (a kill mid-append) is dropped with a warning, a bad line
-    elsewhere is an error naming the file and line."""
+    elsewhere is an error naming the file and line, or with `skip_bad` (reading, not rewriting) left out
+    with a warning naming it."""
     text = path.read_text(encoding="utf-8", errors="replace")
     lines = text.splitlines()
     out = []
@@ -142,7 +145,11 @@ def _parsed_lines(path: Path) -> list[tuple[str, dict]]:
                 log.warning("%s: line %d is cut short (a write that was interrupted, e.g. a kill or a full disk); "
                             "it is left out", path, number)
                 continue
-            raise ValueError(f"{path}: line {number} is not a JSON record ({err}); remove or fix that line") from None
+            message = f"{path}: line {number} is not a JSON record ({err})"
+            if skip_bad:
+                log.warning("%s; it is left out", message)
+                continue
+            raise ValueError(f"{message}; remove or fix that line") from None
     return out
 
 
@@ -150,7 +157,7 @@ def read_records(folder: Path, step: int | None = None) -> list[dict]:
     path = Path(folder) / RECORDS_FILE
     if not path.exists():
         raise FileNotFoundError(f"no rollout records at {path}; RL stages record them unless RLTrainer(records=None)")
-    return [r for _, r in _parsed_lines(path) if step is None or r["step"] == step]
+    return [r for _, r in _parsed_lines(path, skip_bad=True) if step is None or r["step"] == step]
 
 
 def truncate_records(folder: Path, last_step: int) -> None:

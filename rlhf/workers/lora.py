@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.io.manifest import write_manifest
 from rlhf.models.adapters import ADAPTER_CONFIG, peft_module
 from rlhf.models.loading import load_causal_lm, load_tokenizer
 from rlhf.models.saving import save_model_folder, save_tokenizer
@@ -88,6 +89,7 @@ def save_adapter(model: torch.nn.Module, path: str, tokenizer=None) -> str:
         model.save_pretrained(str(tmp))
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp)
+        write_manifest(tmp)  # last: a stage that starts from the adapter checks it
 
     atomic_write_dir(path, write)
     return path

@@ -52,7 +52,8 @@ def run(tok, parser, script: list[str], max_response_tokens=256, max_turns=4, ma
     question = "What is 4821+7390?"
     policy = ScriptedPolicy(tok, {question: script})
     agent = AgentRollout(environment=functools.partial(ToolEnvironment, tools=[add], **env), tokenizer=tok,
-                         parser=parser, max_turns=max_turns, max_response_tokens=max_response_tokens)
+                         parser=parser, max_turns=max_turns, max_response_tokens=max_response_tokens,
+                         max_prompt_length=2048)  # Qwen2.5's tool preamble: ~900 tokens of the byte-level tokenizer
     batch, metrics = agent.rollout(policy.generate, prompts_for(question, tok), SamplingParams(max_new_tokens=max_new_tokens))
     return batch, metrics
 

@@ -45,3 +45,26 @@ class RowsStage:
 
     def run(self, ctx):
         return {"metrics": {"rows": float(len(self.rows))}}
+
+
+class WaitStage:
+    """Writes `started` in its folder, then waits until a file `release` appears there (a job that is
+    still running when a second one starts under the same run name)."""
+
+    def __init__(self, timeout_s: float = 120.0):
+        self.timeout_s = timeout_s
+
+    def run(self, ctx):
+        import time
+
+        ctx.out_dir.mkdir(parents=True, exist_ok=True)
+        (ctx.out_dir / "started").write_text(str(os.getpid()))
+        deadline = time.monotonic() + self.timeout_s
+        while not (ctx.out_dir / "release").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return {"metrics": {"waited": 1.0}}
+
+
+def broken_scorer(solution_str, ground_truth, extra_info=None) -> float:
+    """A reward scorer that fails on every row (a strict RewardManager stops the run with a ScorerError)."""
+    raise RuntimeError("scorer exploded")

@@ -16,6 +16,14 @@ class SleepWorker:
         return seconds
 
 
+class PidWorker:
+    @on_all_ranks
+    def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+
 class ReportThenStage:
     """Prints the driver's descendant processes (Ray's daemons and workers), then waits, fails or ends."""
 
