@@ -189,80 +189,89 @@ class WorkerPool:
         indexed = list(enumerate(rows))
         pending = deque(indexed[i : i + size] for i in range(0, len(indexed), size))
         outcomes: list[Outcome | None] = [None] * len(rows)
-        next_id, idle_deaths = 0, 0
+        self._next_id, self._idle_deaths = 0, 0
         while pending or any(w.chunk for w in self._workers):
-            for slot, worker in enumerate(self._workers):
-                if not worker.process.is_alive() and worker.chunk is None:  # died while idle or starting
-                    idle_deaths += 1
-                    self._check_idle_deaths(idle_deaths, worker)
-                    worker.stop(grace_s=0.0)
-                    self._workers[slot] = self._spawn()
-                elif worker.ready and worker.chunk is None and pending:  # a starting worker waits
-                    chunk = pending.popleft()
-                    message = _dumps_rows(next_id, [row for _, row in chunk])
-                    worker.chunk = (next_id, chunk)
-                    next_id += 1
-                    try:
-                        worker.conn.send_bytes(message)
-                    except OSError:
-                        pass  # it just died: its sentinel is ready, and the chunk is sent again below
+            self._dispatch(pending)
             busy = [w for w in self._workers if w.chunk]
             waiting = [w for w in self._workers if w.chunk or not w.ready]
             ready = multiprocessing.connection.wait(
                 [w.conn for w in waiting] + [w.process.sentinel for w in busy], self._wait_s(busy)
             )
-            for worker in waiting:
-                if worker.conn in ready:
-                    try:
-                        reply = pickle.loads(worker.conn.recv_bytes())
-                    except (EOFError, OSError):  # it died; handled below (busy) or at dispatch (idle)
-                        worker.process.join(0.1)  # reap it, so is_alive() says so
-                        continue
-                    if reply[0] == "init_error":
-                        raise WorkerPoolError(
-                            f"a reward worker process could not load the scorers: {reply[1]}. Fix: define "
-                            "scorers at module level in an importable module (functools.partial of them is "
-                            "fine), or score in-process with num_workers=0."
-                        )
-                    if reply[0] == "ready":
-                        worker.ready = True
-                        continue
-                    _, results = reply
-                    for (index, _), outcome in zip(worker.chunk[1], results):
-                        outcomes[index] = outcome
-                    worker.chunk = None
-            for slot, worker in enumerate(self._workers):
-                if worker.chunk is None:
-                    continue
-                dead = not worker.process.is_alive()
-                started = worker.row_started()
-                overdue = (
-                    self.timeout_s is not None and started is not None
-                    and time.monotonic() - started[1] > self.timeout_s
-                )
-                if not (dead or overdue):
-                    continue
-                if dead:
-                    worker.process.join()
-                    reason = ("died", f"the reward worker process exited with code {worker.process.exitcode} "
-                                      "while scoring this row")
-                else:
-                    reason = ("timeout", f"did not finish within timeout_s={self.timeout_s} s "
-                                         "(its worker process was killed)")
-                chunk = worker.chunk[1]
-                if started is None:  # died between rows: nothing to blame, send the chunk again
-                    idle_deaths += 1
-                    self._check_idle_deaths(idle_deaths, worker)
-                    retry = chunk
-                else:
-                    outcomes[chunk[started[0]][0]] = reason
-                    retry = chunk[: started[0]] + chunk[started[0] + 1 :]
-                if retry:
-                    pending.appendleft(retry)
-                worker.chunk = None
+            self._collect([w for w in waiting if w.conn in ready], outcomes)
+            self._recover(pending, outcomes)
+        return outcomes  # type: ignore[return-value]
+
+    def _dispatch(self, pending: deque) -> None:
+        """Replace workers that died idle; send the next chunk to each ready idle worker."""
+        for slot, worker in enumerate(self._workers):
+            if not worker.process.is_alive() and worker.chunk is None:  # died while idle or starting
+                self._idle_deaths += 1
+                self._check_idle_deaths(self._idle_deaths, worker)
                 worker.stop(grace_s=0.0)
                 self._workers[slot] = self._spawn()
-        return outcomes  # type: ignore[return-value]
+            elif worker.ready and worker.chunk is None and pending:  # a starting worker waits
+                chunk = pending.popleft()
+                message = _dumps_rows(self._next_id, [row for _, row in chunk])
+                worker.chunk = (self._next_id, chunk)
+                self._next_id += 1
+                try:
+                    worker.conn.send_bytes(message)
+                except OSError:
+                    pass  # it just died: its sentinel is ready, and the chunk is sent again by _recover
+
+    @staticmethod
+    def _collect(answered: list[_Worker], outcomes: list) -> None:
+        """Read each answering worker's reply: its start-up state, or its chunk's outcomes."""
+        for worker in answered:
+            try:
+                reply = pickle.loads(worker.conn.recv_bytes())
+            except (EOFError, OSError):  # it died; handled by _recover (busy) or _dispatch (idle)
+                worker.process.join(0.1)  # reap it, so is_alive() says so
+                continue
+            if reply[0] == "init_error":
+                raise WorkerPoolError(
+                    f"a reward worker process could not load the scorers: {reply[1]}. Fix: define "
+                    "scorers at module level in an importable module (functools.partial of them is "
+                    "fine), or score in-process with num_workers=0."
+                )
+            if reply[0] == "ready":
+                worker.ready = True
+                continue
+            _, results = reply
+            for (index, _), outcome in zip(worker.chunk[1], results):
+                outcomes[index] = outcome
+            worker.chunk = None
+
+    def _recover(self, pending: deque, outcomes: list) -> None:
+        """A busy worker that died or overran `timeout_s`: blame the row it was on, send the rest again."""
+        for slot, worker in enumerate(self._workers):
+            if worker.chunk is None:
+                continue
+            dead = not worker.process.is_alive()
+            started = worker.row_started()
+            overdue = self.timeout_s is not None and started is not None and time.monotonic() - started[1] > self.timeout_s
+            if not (dead or overdue):
+                continue
+            if dead:
+                worker.process.join()
+                reason = ("died", f"the reward worker process exited with code {worker.process.exitcode} "
+                                  "while scoring this row")
+            else:
+                reason = ("timeout", f"did not finish within timeout_s={self.timeout_s} s "
+                                     "(its worker process was killed)")
+            chunk = worker.chunk[1]
+            if started is None:  # died between rows: nothing to blame, send the chunk again
+                self._idle_deaths += 1
+                self._check_idle_deaths(self._idle_deaths, worker)
+                retry = chunk
+            else:
+                outcomes[chunk[started[0]][0]] = reason
+                retry = chunk[: started[0]] + chunk[started[0] + 1 :]
+            if retry:
+                pending.appendleft(retry)
+            worker.chunk = None
+            worker.stop(grace_s=0.0)
+            self._workers[slot] = self._spawn()
 
     @staticmethod
     def _check_idle_deaths(count: int, worker: _Worker) -> None:
