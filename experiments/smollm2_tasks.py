@@ -9,10 +9,13 @@
 What makes it transfer (docs/bring_your_own_model.md has the measured panel):
 - **The answer is asked for where a scorer can read it without guessing**: a last line "Answer: <answer>"
   (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`), read by `rlhf.rewards.final_answer.final_answer`.
-- **The reward pays only for right answers** (`RightAnswerReward`): 1 for a right answer in that form, 0.5 for a
-  right answer without it (read leniently: the last line or last number), 0 for any wrong answer. The base model
-  rarely writes the form, so the half credit gives GRPO a signal from the first step; it cannot be farmed,
-  since every credited sample is right.
+- **The reward pays only for right answers** (`RightAnswerReward`): 1 for a right answer in that form, 0.1 for a
+  right answer without it (read leniently: the last line or last number), 0 for any wrong answer. Where the base
+  model rarely writes the form, the small credit still gives GRPO a signal from the first step (its advantages are
+  normalised per group, so one right sample among wrong ones stands out whatever its credit), and it cannot be
+  farmed, since every credited sample is right; where a right answer in the form appears, it outranks the
+  unformatted right answers of its group. With half credit instead, the policy learnt to compute without the form
+  (arithmetic: lenient 6% -> 60%, strict 0% -> 0%, the form's share of samples falling from 47% to 19%).
 - **The response budget leaves room for the model's own way of answering**: 64 new tokens, where SmolLM2's
   greedy answers on the panel's tasks have a p90 of about 10-20 (`rlhf probe`, docs/generate_and_eval.md); a task
   whose answers are longer needs `config:base(max_new_tokens=...)` from its probe. Sampled answers ramble longer,
@@ -98,7 +101,7 @@ def task_scorers(task: str, scorer: Any = None) -> tuple[dict, dict]:
 
 def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
          model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 10, lr: float = 2e-5,
-         max_new_tokens: int = 64, unformatted_credit: float = 0.5, mini_batches: int = 2) -> fdl.Config[Experiment]:
+         max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2) -> fdl.Config[Experiment]:
     """GRPO from the instruct model on `task` (module docstring): 8 prompts x 8 samples, `steps` steps."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)

@@ -156,10 +156,13 @@ class RightAnswerReward:
     the form alone gives GRPO nothing to compare; credit for any form that looks like an answer is farmable (the
     policy learns to emit plausible wrong answers). Here every credited sample is right, and a right answer in the
     form always earns more than one without it, so the form is learnt only as a way to be right more often.
+    Keep the credit small: GRPO normalises advantages per group, so a lone right answer among wrong ones gets the
+    same push whatever its credit, while a small credit lets a right answer in the form outrank unformatted right
+    answers in the same group (with 0.5, SmolLM2 learnt to be right without the form: 0% strict, 60% lenient).
     A wrong answer earns 0 however it looks. `partial` is 1.0 when the reward came only from the unformatted
     credit, which the RL metrics report per step (`reward/extra/<source>/partial/mean`)."""
 
-    def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.5) -> None:
+    def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.1) -> None:
         if not callable(scorer):
             raise TypeError(f"RightAnswerReward: scorer must be a FinalAnswerScorer-like callable, got {scorer!r}")
         if not 0.0 <= unformatted_credit < 1.0:

@@ -105,7 +105,7 @@ def test_lenient_scorer_scores_the_lenient_value_for_an_aux_reward():
 # RightAnswerReward: credit only for right answers; the form earns more than no form; a wrong answer earns 0.
 @pytest.mark.parametrize("response, reward, partial", [
     ("Answer: 111", 1.0, 0.0),                          # right, in the form
-    ("18 + 93 = 111", 0.5, 1.0),                        # right, no form: the unformatted credit (partial)
+    ("18 + 93 = 111", 0.1, 1.0),                        # right, no form: the unformatted credit (partial)
     ("The sum is 111.\nAnswer: 111", 1.0, 0.0),
     ("Answer: 112", 0.0, 0.0),                          # wrong in the form: nothing for looking right
     ("18 + 93 = 112", 0.0, 0.0),                        # wrong without it
