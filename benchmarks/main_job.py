@@ -13,6 +13,7 @@ order and sampling); seed 0 is the recipe as shipped. The model's initial weight
     python benchmarks/main_job.py                        # seeds 0 1 2, Ray runtime as scripts/main.sh
     python benchmarks/main_job.py --seeds 0 1 --runtime local   # in-process (single-threaded as each Ray worker)
     python benchmarks/main_job.py --tracking              # also record each stage in Aim (.aim), as main.sh does
+    python benchmarks/main_job.py --seeds 0 --runtime local --config fiddler:smoke --out /tmp/x.json  # the harness
 
 Writes benchmarks/results/main_job-seeds-<date>.json: per seed the SFT and final (eval stage) held-out
 accuracy on the recipe's 500 problems and the wall time; mean, min and max over the seeds; package versions.
@@ -38,9 +39,9 @@ ACCURACY = "val-core/arithmetic/reward/mean@1"  # greedy exact match on the 500 
 PACKAGES = ["torch", "transformers", "tokenizers", "accelerate", "ray", "aim", "datasets", "fiddle", "numpy"]
 
 
-def seed_commands(seed: int, runtime: str, tracking: bool) -> list[str]:
-    """The `--config` commands of one seed's run of the recipe."""
-    commands = [f"set:stages.sft.seed={seed}", f"set:stages.grpo.seed={seed}", "fiddler:quiet"]
+def seed_commands(seed: int, runtime: str, tracking: bool, extra: list[str] = ()) -> list[str]:
+    """The `--config` commands of one seed's run of the recipe (`extra` last, e.g. fiddler:smoke)."""
+    commands = [f"set:stages.sft.seed={seed}", f"set:stages.grpo.seed={seed}", "fiddler:quiet", *extra]
     if runtime == "local":
         commands.append("fiddler:local")
     if not tracking:
@@ -48,16 +49,16 @@ def seed_commands(seed: int, runtime: str, tracking: bool) -> list[str]:
     return commands
 
 
-def run_one(seed: int, runtime: str, tracking: bool, out: Path) -> None:
+def run_one(seed: int, runtime: str, tracking: bool, extra: list[str], out: Path) -> None:
     """In this process: run the recipe at `seed` and write its stages' held-out accuracies to `out`."""
     sys.path.insert(0, str(ROOT))
     from rlhf.cli.experiment import load_experiment, run_cli
 
     start = time.perf_counter()
-    argv = [arg for command in seed_commands(seed, runtime, tracking) for arg in ("--config", command)]
+    argv = [arg for command in seed_commands(seed, runtime, tracking, extra) for arg in ("--config", command)]
     results = run_cli(load_experiment(str(RECIPE)), argv)
     wall = time.perf_counter() - start
-    accuracy = {stage: r.get("metrics", {}).get(ACCURACY) for stage, r in results.items()}
+    accuracy = {stage: round(r["metrics"][ACCURACY], 4) for stage, r in results.items()}  # float32 means
     out.write_text(json.dumps({"seed": seed, "sft_accuracy": accuracy["sft"], "grpo_accuracy": accuracy["grpo"],
                                "eval_accuracy": accuracy["eval"], "wall_s": round(wall, 1),
                                "run_folder": str(Path(results["sft"]["checkpoint"]).parents[1])}))  # <run>/sft/final
@@ -87,12 +88,14 @@ def main() -> None:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--runtime", choices=["ray", "local"], default="ray", help="ray: as scripts/main.sh")
     p.add_argument("--tracking", action="store_true", help="record the runs in Aim (off: nothing else differs)")
+    p.add_argument("--config", action="append", default=[], metavar="CMD",
+                   help="more overrides of the recipe, e.g. fiddler:smoke to check this script in a minute")
     p.add_argument("--note", default="", help="the machine and its load, stored with the results")
     p.add_argument("--out", default=None, help="results file (default benchmarks/results/main_job-seeds-<date>.json)")
     p.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)  # one seed, in a fresh process
     args = p.parse_args()
     if args.child is not None:
-        run_one(args.seeds[0], args.runtime, args.tracking, args.child)
+        run_one(args.seeds[0], args.runtime, args.tracking, args.config, args.child)
         return
 
     date = datetime.datetime.now(datetime.timezone.utc)
@@ -103,6 +106,7 @@ def main() -> None:
         command = [sys.executable, __file__, "--seeds", str(seed), "--runtime", args.runtime, "--child", str(part)]
         if args.tracking:
             command.append("--tracking")
+        command += [arg for extra in args.config for arg in ("--config", extra)]
         subprocess.run(command, cwd=ROOT, check=True)
         runs.append(json.loads(part.read_text()))
         part.unlink()
@@ -111,9 +115,11 @@ def main() -> None:
         summary = {
             "what": f"experiments/arithmetic_tiny.py (the main job of scripts/main.sh: SFT -> GRPO -> eval), "
                     f"one run per seed (stages.sft.seed = stages.grpo.seed = seed), {args.runtime} runtime, "
-                    f"tracking {'on' if args.tracking else 'off'}",
+                    f"tracking {'on' if args.tracking else 'off'}"
+                    + (f", with {' '.join(args.config)}: NOT the main job" if args.config else ""),
             "command": " ".join(["python benchmarks/main_job.py", "--seeds", *map(str, args.seeds),
-                                 "--runtime", args.runtime] + (["--tracking"] if args.tracking else [])),
+                                 "--runtime", args.runtime] + (["--tracking"] if args.tracking else [])
+                                + [f"--config {extra}" for extra in args.config]),
             "date": date.isoformat(timespec="seconds"),
             "commit": commit(),
             "machine": f"{os.cpu_count()} CPU cores, {platform.processor() or platform.machine()}; {args.note}",
