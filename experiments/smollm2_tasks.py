@@ -10,7 +10,9 @@ What makes it transfer (docs/bring_your_own_model.md has the measured panel):
 - **The answer is asked for where a scorer can read it without guessing**: a last line "Answer: <answer>"
   (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`), read by `rlhf.rewards.final_answer.final_answer`.
 - **The reward pays only for right answers** (`RightAnswerReward`): 1 for a right answer in that form, 0.1 for a
-  right answer without it (read leniently: the last line or last number), 0 for any wrong answer. Where the base
+  right answer without it (read leniently: the last line or last number), 0 for any wrong answer, whatever
+  partial credit the task's own scorer would give it (reasoning-gym's letter_counting gives 0.5 for "18" where
+  the truth is 1: paid, it took SmolLM2 from 54% to 18% held-out). Held-out accuracy counts full credit only. Where the base
   model rarely writes the form, the small credit still gives GRPO a signal from the first step (its advantages are
   normalised per group, so one right sample among wrong ones stands out whatever its credit), and it cannot be
   farmed, since every credited sample is right; where a right answer in the form appears, it outranks the
@@ -46,7 +48,7 @@ from rlhf.data.sources import load_rows
 from rlhf.models.importing import model_folder
 from rlhf.models.loading import load_tokenizer
 from rlhf.rewards.arithmetic import exact_match_score
-from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, RightAnswerReward
+from rlhf.rewards.final_answer import Correct, FinalAnswerScorer, LenientScorer, RightAnswerReward
 from rlhf.rewards.manager import RewardManager
 from rlhf.rewards.reasoning_gym import reasoning_gym_score, task_answer_score
 from rlhf.rollout.sampling import SamplingParams
@@ -89,8 +91,7 @@ def task_scorers(task: str, scorer: Any = None) -> tuple[dict, dict]:
     """(strict, lenient) scorer tables by data_source: the task's own judgement of the final answer, and the same
     judgement format aside. A folder's rows need `scorer` (a scorer of bare answers, e.g. `exact_match_score`)."""
     if task.startswith("reasoning_gym/"):
-        return ({"reasoning_gym/*": reasoning_gym_score},
-                {"reasoning_gym/*": fdl.Config(LenientScorer, task_answer_score)})
+        return {"reasoning_gym/*": reasoning_gym_score}, {"reasoning_gym/*": fdl.Config(LenientScorer, task_answer_score)}
     inner = exact_match_score if task == "arithmetic" and scorer is None else scorer
     if inner is None:
         raise ValueError(f"smollm2_tasks: the rows of {task!r} need a scorer of bare answers: "
@@ -112,8 +113,10 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
         Evaluator,
         dataset=fdl.Config(PromptDataset, rows=task_rows(task, "test", HELDOUT, settings), tokenizer=tokenizer,
                            max_prompt_length=MAX_PROMPT_LENGTH, name="heldout"),
-        reward=fdl.Config(RewardManager, scorers=strict),
-        aux_rewards={"lenient": fdl.Config(RewardManager, scorers=lenient)},
+        # accuracy: full credit from the task's scorer (partial credit for wrong answers does not count)
+        reward=fdl.Config(RewardManager, scorers={s: fdl.Config(Correct, rule) for s, rule in strict.items()}),
+        aux_rewards={"lenient": fdl.Config(RewardManager, scorers={s: fdl.Config(Correct, rule)
+                                                                    for s, rule in lenient.items()})},
         sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=max_new_tokens),
     )
     grpo = fdl.Config(

@@ -148,19 +148,51 @@ class LenientScorer:
         return f"LenientScorer({getattr(self.scorer.inner, '__name__', self.scorer.inner)!r})"
 
 
-class RightAnswerReward:
-    """A reward that pays only for right answers: `score` (right in the asked-for form: 1.0) when the response has
-    a final answer, else `unformatted_credit` x `lenient` (right, read as a reader ignoring the format would).
+def _full_credit(value: float) -> bool:
+    """Right: the task's own scorer gave full credit (reasoning-gym's give fractions to wrong answers that contain
+    the truth: "18" for 1 earns 0.5 on letter_counting)."""
+    return value >= 1.0
 
-    Why: a small model rarely writes the asked-for form at first (SmolLM2-135M: 1 response in 64), so a reward for
-    the form alone gives GRPO nothing to compare; credit for any form that looks like an answer is farmable (the
-    policy learns to emit plausible wrong answers). Here every credited sample is right, and a right answer in the
-    form always earns more than one without it, so the form is learnt only as a way to be right more often.
+
+class Correct:
+    """1.0 when `scorer` gives a response full credit, else 0.0: held-out accuracy, where a scorer's partial credit
+    for wrong answers would count as a fraction of a right one."""
+
+    def __init__(self, scorer: Callable[..., Any]) -> None:
+        if not callable(scorer):
+            raise TypeError(f"Correct: scorer must be callable, got {scorer!r}")
+        self.scorer = scorer
+
+    def __call__(self, solution_str: str, ground_truth: Any, extra_info: Any = None) -> float:
+        result = self.scorer(solution_str, ground_truth, extra_info)
+        return 1.0 if _full_credit(float(result["score"] if isinstance(result, Mapping) else result)) else 0.0
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Correct) and other.scorer == self.scorer
+
+    def __hash__(self) -> int:
+        return hash((Correct, self.scorer))
+
+    def __repr__(self) -> str:
+        return f"Correct({self.scorer!r})"
+
+
+class RightAnswerReward:
+    """A reward that pays only for right answers: 1.0 for a right answer in the asked-for form, `unformatted_credit`
+    for a right answer without it (read leniently: the last line or last number), 0.0 for anything else. Right means
+    full credit from the task's scorer: a task's partial credit for a wrong answer is not paid (`task_partial`
+    reports where it would have been).
+
+    Why: a small model rarely writes the asked-for form at first on some prompts, so a reward for the form alone
+    gives GRPO nothing to compare; credit for answers that merely look right is farmable (the policy learns to emit
+    plausible wrong answers: on letter_counting, reasoning-gym's own 0.5 for "18" where the truth is 1 took SmolLM2
+    from 54% to 18% held-out). Here every credited sample is right, and a right answer in the form always earns
+    more than one without it, so the form is learnt only as a way to be right more often.
     Keep the credit small: GRPO normalises advantages per group, so a lone right answer among wrong ones gets the
     same push whatever its credit, while a small credit lets a right answer in the form outrank unformatted right
     answers in the same group (with 0.5, SmolLM2 learnt to be right without the form: 0% strict, 60% lenient).
-    A wrong answer earns 0 however it looks. `partial` is 1.0 when the reward came only from the unformatted
-    credit, which the RL metrics report per step (`reward/extra/<source>/partial/mean`)."""
+    `partial` is 1.0 when the reward came only from the unformatted credit, which the RL metrics report per step
+    (`reward/extra/<source>/partial/mean`)."""
 
     def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.1) -> None:
         if not callable(scorer):
@@ -178,10 +210,13 @@ class RightAnswerReward:
         if missing:
             raise ValueError(f"RightAnswerReward: its scorer returned {sorted(judged)}, without {sorted(missing)}; "
                              "wrap a scorer of bare answers in FinalAnswerScorer")
-        unformatted = judged["format"] == 0.0 and judged["lenient"] > 0.0
-        reward = self.unformatted_credit * judged["lenient"] if unformatted else judged["score"]
-        return {**judged, "score": reward, "strict": judged["score"],
-                "partial": 1.0 if unformatted or 0.0 < judged["score"] < 1.0 else 0.0}
+        right = _full_credit(judged["score"])
+        unformatted = not right and judged["format"] == 0.0 and _full_credit(judged["lenient"])
+        reward = 1.0 if right else self.unformatted_credit if unformatted else 0.0
+        return {**judged, "score": reward, "strict": 1.0 if right else 0.0,
+                "lenient": 1.0 if _full_credit(judged["lenient"]) else 0.0,
+                "task_partial": 1.0 if 0.0 < judged["score"] < 1.0 else 0.0,
+                "partial": 1.0 if unformatted else 0.0}
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, RightAnswerReward) and other.scorer == self.scorer

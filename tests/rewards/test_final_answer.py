@@ -135,3 +135,28 @@ def test_right_answer_reward_refuses_a_credit_that_would_rank_no_form_above_the_
         RightAnswerReward(FinalAnswerScorer(exact_match_score), unformatted_credit=1.0)
     with pytest.raises(ValueError, match="without"):
         RightAnswerReward(exact_match_score)("Answer: 1", "1")
+
+
+def _contains_truth(answer, truth, extra_info=None):
+    """A scorer with reasoning-gym's kind of partial credit: len(truth)/len(answer) for an answer containing it."""
+    return 1.0 if answer == truth else len(truth) / len(answer) if truth in answer else 0.0
+
+
+@pytest.mark.parametrize("response, reward, task_partial", [
+    ("The answer is 1.", 1.0, 0.0),
+    ("The answer is 18.", 0.0, 1.0),   # the task would pay 0.5 for "18" where the truth is 1: not paid
+    ("It is 18", 0.0, 0.0),            # no form, and "18" is not right format aside either
+    ("It is 1", 0.1, 0.0),             # right without the form
+])
+def test_right_answer_reward_does_not_pay_a_tasks_partial_credit(response, reward, task_partial):
+    judged = RightAnswerReward(FinalAnswerScorer(_contains_truth))(response, "1")
+    assert (judged["score"], judged["task_partial"]) == (reward, task_partial)
+    assert judged["lenient"] in (0.0, 1.0)
+
+
+def test_correct_counts_full_credit_only():
+    from rlhf.rewards.final_answer import Correct
+
+    correct = Correct(FinalAnswerScorer(_contains_truth))
+    assert [correct(r, "1") for r in ("The answer is 1.", "The answer is 18.", "1")] == [1.0, 0.0, 0.0]
+    assert Correct(LenientScorer(_contains_truth))("so 1", "1") == 1.0 and Correct(_contains_truth)("18", "1") == 0.0
