@@ -49,8 +49,9 @@ class Plan:
             placement = getattr(g.worker_cls, "describe_placement", None)  # strategy and shard sizes
             if placement is not None:
                 arguments = self.worker_arguments(g.name)
-                if isinstance(arguments.get("training"), fdl.Buildable):  # plain settings: cheap to build
-                    arguments["training"] = fdl.build(arguments["training"])
+                for cheap in ("training", "engine"):  # plain settings and engine factories: cheap to build
+                    if isinstance(arguments.get(cheap), fdl.Buildable):
+                        arguments[cheap] = fdl.build(arguments[cheap])
                 if resolve is not None:
                     arguments = {k: resolve(v) if k.endswith("model_path") else v for k, v in arguments.items()}
                 lines.append(f"  {placement(arguments, g.num_workers, g.gpus_per_worker > 0)}")
