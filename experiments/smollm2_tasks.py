@@ -1,29 +1,29 @@
 """GRPO on SmolLM2-135M-Instruct for any task with a checkable answer: one default recipe, not tuned per task.
 
-    python experiments/smollm2_tasks.py --config 'config:base(task="reasoning_gym/leg_counting")'
+    python experiments/smollm2_tasks.py --config 'config:base(task="reasoning_gym/gcd", settings={"max_value": 20})'
     python experiments/smollm2_tasks.py --config 'config:base(task="reasoning_gym/chain_sum", settings={"max_terms": 2})'
     python experiments/smollm2_tasks.py --config 'config:base(task="arithmetic")'           # our own generator
     python experiments/smollm2_tasks.py --config 'config:base(task="data/mytask")'  # DIR/{train,test}.parquet, verl schema
     python experiments/smollm2_tasks.py --config fiddler:smoke                     # 2 tiny steps (tests)
 
-What makes it transfer (docs/bring_your_own_model.md has the measured panel):
-- **The answer is asked for where a scorer can read it without guessing**: a last line "Answer: <answer>"
-  (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`), read by `rlhf.rewards.final_answer.final_answer`.
-- **The reward pays only for right answers** (`RightAnswerReward`): 1 for a right answer in that form, 0.1 for a
-  right answer without it (read leniently: the last line or last number), 0 for any wrong answer, whatever
-  partial credit the task's own scorer would give it (reasoning-gym's letter_counting gives 0.5 for "18" where
-  the truth is 1: paid, it took SmolLM2 from 54% to 18% held-out). Held-out accuracy counts full credit only. Where the base
-  model rarely writes the form, the small credit still gives GRPO a signal from the first step (its advantages are
-  normalised per group, so one right sample among wrong ones stands out whatever its credit), and it cannot be
-  farmed, since every credited sample is right; where a right answer in the form appears, it outranks the
-  unformatted right answers of its group. With half credit instead, the policy learnt to compute without the form
-  (arithmetic: lenient 6% -> 60%, strict 0% -> 0%, the form's share of samples falling from 47% to 19%).
+Its parts, each chosen for a mechanism rather than a task (docs/bring_your_own_model.md has the measured panel,
+which does NOT yet meet its target: on letter_counting the held-out accuracy fell from 50% to 0% strict while the
+lenient one rose to 56%, the form dropped; see that page for why and what to try next):
+- **The answer is asked for in a form the model follows and a scorer reads without guessing**: "The answer is
+  <answer>." (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`; SmolLM2 follows it in 23 of 24 greedy replies, a last
+  line "Answer: ..." in 1 of 24), read by `rlhf.rewards.final_answer.final_answer`.
+- **The reward pays only for right answers** (`RightAnswerReward`): 1 for a right answer in that form,
+  `unformatted_credit` (0.1) for a right answer without it (read leniently: the last line or last number), 0 for any
+  wrong answer, whatever partial credit the task's own scorer would give it (reasoning-gym's letter_counting gives
+  0.5 for "18" where the truth is 1: paid, it took SmolLM2 from 54% to 18% held-out). Held-out accuracy counts full
+  credit only (`Correct`). The unformatted credit gives a first signal where the base model never writes the form
+  (arithmetic), but under GRPO's per-group std normalisation it also rewards dropping the form.
 - **The response budget leaves room for the model's own way of answering**: 64 new tokens, where SmolLM2's
   greedy answers on the panel's tasks have a p90 of about 10-20 (`rlhf probe`, docs/generate_and_eval.md); a task
   whose answers are longer needs `config:base(max_new_tokens=...)` from its probe. Sampled answers ramble longer,
   and every token costs: at 192 tokens one step took 6.5 minutes on this 2-core machine.
 - **Held-out rows are what to watch**: 200 test rows, greedy, strict (the form) and lenient (format aside), before
-  and after training; the training score rises with the half credit alone and says little by itself.
+  and after training; the training score says little by itself.
 
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8
