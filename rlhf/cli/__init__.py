@@ -12,7 +12,9 @@ parse their own, beside what they run: `rlhf serve` (`rlhf.serve.server`) and `r
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
 - `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
-- `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe`.
+- `sft`: `rlhf sft`; `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
+  a model loads: `job_inputs`). Their flags' defaults are the graph builders', read from the builders'
+  source (`source_defaults`), so `--help` imports neither torch nor the runtimes.
 - `rollouts`: `rlhf rollouts show|view`; `data`: `rlhf data prepare`.
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
@@ -67,7 +69,7 @@ COMMANDS: dict[str, Command] = {
     "ui": Command("rlhf.cli.ui:ui_main",
                   (("[--repo .aim] [--port N]", "Aim's UI on loopback, with a link to the latest sweep"),)),
     "data": Command("rlhf.cli.data:data_main", (("prepare TASK --out DIR", "write a dataset in verl's schema"),)),
-    "sft": Command("rlhf_configs.sft:main",
+    "sft": Command("rlhf.cli.sft:sft_main",
                    (("MODEL --data FILE [--lora-rank 16]",
                      "supervised fine-tuning of a model folder (LoRA with --lora-rank)"),)),
     "export": Command("rlhf.cli.export:export_main",
