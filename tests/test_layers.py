@@ -40,7 +40,11 @@ LAYERS: list[tuple[str, ...]] = [
 # Function-level imports of project modules, and why each one is not at the top of its module.
 FUNCTION_LEVEL: dict[str, str] = {
     "rlhf": "`rlhf.sweep` is imported on first use, so `import rlhf.x` in a Ray worker stays light",
-    "rlhf.cli": "each command imports its own module when it runs: `rlhf serve` starts no Ray, Aim or torch",
+    "rlhf.cli.experiment_commands": "`rlhf run|plan|show --help` answers without fiddle, the runtimes or torch",
+    "rlhf.cli.data": "`rlhf data --help` answers without pyarrow or the data generators",
+    "rlhf.cli.sft": "`rlhf sft --help` answers without the graph, torch and the runtimes (8 s of CPU)",
+    "rlhf.cli.generate_eval": "`rlhf generate|eval|probe --help` answer without the graphs, torch and the runtimes",
+    "rlhf.cli.rollouts": "`rlhf rollouts --help` answers without torch, and `show` without textual (`view`'s)",
     "rlhf.runtime.ray_runtime": "a Ray actor sets its torch.distributed environment before importing torch",
     "rlhf.tracking.ui": "aim (~3 s) only when a sweep link is made, not to start `aim up` or encode URLs",
     "rlhf.rewards.manager": "torch (~3 s) only for overlong shaping, not in reward-pool worker processes",

@@ -1,53 +1,113 @@
 """The command line: the `rlhf` command (`main`) and an experiment file's own (`python experiments/x.py`).
 
-Nothing below this package parses arguments, prints results or loads experiment files. Modules:
+`COMMANDS` is the one list of `rlhf` commands: each names its function as "module:function", imported
+only when the command runs (so `rlhf serve` starts no Ray or Aim, and `rlhf --help` imports nothing
+heavy), and the forms `rlhf --help` prints. Most commands' flags are parsed in this package; two
+parse their own, beside what they run: `rlhf serve` (`rlhf.serve.server`) and `rlhf data prepare`
+(`rlhf.data.prepare`). Modules:
 
-- here, `main`: `rlhf COMMAND ...`; each command's module is imported when the command runs, so
-  `rlhf serve` does not start up Ray or Aim.
-- `experiment`: `run_cli` (`python experiments/x.py --config ...`, `rlhf run|plan|show`),
-  `load_experiment` (an experiment file as a module), `build_graph`, `format_results`.
+- here, `main`: `rlhf COMMAND ...` through argparse subparsers built from `COMMANDS`.
+- `experiment`: `run_cli` (`python experiments/x.py --config ...`), `load_experiment` (an experiment
+  file as a module), `build_graph`, `format_results`; `experiment_commands`: `rlhf run|plan|show`.
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
 - `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
-- `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe`.
+- `sft`: `rlhf sft`; `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
+  a model loads: `job_inputs`). Their flags' defaults are the graph builders', read from the builders'
+  source (`source_defaults`), so `--help` imports neither torch nor the runtimes.
+- `rollouts`: `rlhf rollouts show|view`; `data`: `rlhf data prepare`.
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from rlhf.cli.errors import one_line_errors
 from rlhf.cli.signals import honour_interrupts
 
-USAGE = """usage: rlhf COMMAND ...
+__all__ = ["COMMANDS", "Command", "command_parser", "main"]
 
-  rlhf run  experiments/x.py [--config CMD ...]   run an experiment (same as python experiments/x.py)
-  rlhf plan experiments/x.py [--config CMD ...]   print each stage's execution plan (and its memory per device)
-  rlhf plan --memory CONFIG [--gpus 8 ...]        what fits on N GPUs for a model config.json alone
-  rlhf show experiments/x.py [--config CMD ...]   print the graph after overrides, and where each value was set
-  rlhf diff A B [--config CMD ...]                what differs between two experiments, JSON graphs or Aim runs
-  rlhf viz  experiments/x.py --out DIR            each stage graph as SVG (Graphviz) and the Plan as text
-  rlhf rerun RUN_HASH [--repo .aim] [--local]     run the graph an Aim run stored again
-  rlhf ui [--repo .aim] [--port N]                Aim's UI on loopback, with a link to the latest sweep
-  rlhf data prepare TASK --out DIR                write a dataset in verl's schema
-  rlhf sft MODEL --data FILE [--lora-rank 16]     supervised fine-tuning of a model folder (LoRA with --lora-rank)
-  rlhf export SOURCE OUT [--step N]               a stage, checkpoint (LoRA too) or adapter -> model folder
-  rlhf models import SOURCE OUT                   a .gguf file, model folder or known name -> fp32 model folder
-  rlhf models check-template MODEL                is the chat template append-only for multi-turn tool rollouts?
-  rlhf rollouts show STAGE_DIR [--step N]         print recorded rollouts (best/worst per group)
-  rlhf rollouts view STAGE_DIR                    browse them: steps, groups ranked, search, masked spans
-  rlhf generate MODEL --data FILE --out FILE      n responses per prompt (resumable JSON Lines + parquet)
-  rlhf eval --generations FILE [--ks 1,2,4,8]     score generations: mean@n, pass@k, maj@k per data source
-  rlhf eval MODEL --data FILE --n 8 [--out DIR]   generate, then score
-  rlhf probe MODEL --data FILE [--limit 64]      before training: greedy accuracy, answer lengths, what budgets cut
-  rlhf serve MODEL [--port 8000 --api-key KEY]    an OpenAI-compatible server (completions, chat)
-  rlhf doctor [--json]                            versions, devices and what `auto` picks here, for bug reports
 
-`rlhf COMMAND --help` describes a command's options.
-"""
+@dataclass(frozen=True)
+class Command:
+    """One `rlhf` command: its function and what `rlhf --help` says of it."""
+
+    target: str  # "module:function"; the function takes the arguments after the command's name, returns the status
+    forms: tuple[tuple[str, str], ...]  # (arguments, what the command does with them), one per way to call it
+    after_error: str | None = None  # said after a one-line error (e.g. how to resume)
+
+    def function(self) -> Callable[[list[str]], int]:
+        """The command's function, its module imported now."""
+        module, _, name = self.target.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+    def help(self) -> str:
+        """The forms as aligned lines: `rlhf --help` keeps their line breaks."""
+        return "\n".join(f"{arguments:<38} {what}" for arguments, what in self.forms)
+
+
+EXPERIMENT = "experiments/x.py [--config CMD ...]"
+COMMANDS: dict[str, Command] = {
+    "run": Command("rlhf.cli.experiment_commands:run_main",
+                   ((EXPERIMENT, "run an experiment (same as python experiments/x.py)"),)),
+    "plan": Command("rlhf.cli.experiment_commands:plan_main",
+                    ((EXPERIMENT, "print each stage's execution plan (and its memory per device)"),
+                     ("--memory CONFIG [--gpus 8 ...]", "what fits on N GPUs for a model config.json alone"))),
+    "show": Command("rlhf.cli.experiment_commands:show_main",
+                    ((EXPERIMENT, "print the graph after overrides, and where each value was set"),)),
+    "diff": Command("rlhf.cli.diff:diff_main",
+                    (("A B [--config CMD ...]", "what differs between two experiments, JSON graphs or Aim runs"),)),
+    "viz": Command("rlhf.cli.viz:viz_main",
+                   (("experiments/x.py --out DIR", "each stage graph as SVG (Graphviz) and the Plan as text"),)),
+    "rerun": Command("rlhf.cli.rerun:rerun_main",
+                     (("RUN_HASH [--repo .aim] [--local]", "run the graph an Aim run stored again"),)),
+    "ui": Command("rlhf.cli.ui:ui_main",
+                  (("[--repo .aim] [--port N]", "Aim's UI on loopback, with a link to the latest sweep"),)),
+    "data": Command("rlhf.cli.data:data_main", (("prepare TASK --out DIR", "write a dataset in verl's schema"),)),
+    "sft": Command("rlhf.cli.sft:sft_main",
+                   (("MODEL --data FILE [--lora-rank 16]",
+                     "supervised fine-tuning of a model folder (LoRA with --lora-rank)"),)),
+    "export": Command("rlhf.cli.export:export_main",
+                      (("SOURCE OUT [--step N]", "a stage, checkpoint (LoRA too) or adapter -> model folder"),)),
+    "models": Command("rlhf.cli.models:models_main",
+                      (("import SOURCE OUT", "a .gguf file, model folder or known name -> fp32 model folder"),
+                       ("check-template MODEL", "is the chat template append-only for multi-turn tool rollouts?"))),
+    "rollouts": Command("rlhf.cli.rollouts:rollouts_main",
+                        (("show STAGE_DIR [--step N]", "print recorded rollouts (best/worst per group)"),
+                         ("view STAGE_DIR", "browse them: steps, groups ranked, search, masked spans"))),
+    "generate": Command("rlhf.cli.generate_eval:generate_main",
+                        (("MODEL --data FILE --out FILE", "n responses per prompt (resumable JSON Lines + parquet)"),),
+                        after_error="run the same command again to continue where it stopped"),
+    "eval": Command("rlhf.cli.generate_eval:eval_main",
+                    (("--generations FILE [--ks 1,2,4,8]", "score generations: mean@n, pass@k, maj@k per data source"),
+                     ("MODEL --data FILE --n 8 [--out DIR]", "generate, then score"))),
+    "probe": Command("rlhf.cli.generate_eval:probe_main",
+                     (("MODEL --data FILE [--limit 64]",
+                       "before training: greedy accuracy, answer lengths, what budgets cut"),)),
+    "serve": Command("rlhf.serve:main",
+                     (("MODEL [--port 8000 --api-key KEY]", "an OpenAI-compatible server (completions, chat)"),)),
+    "doctor": Command("rlhf.cli.doctor:doctor_main",
+                      (("[--json]", "versions, devices and what `auto` picks here, for bug reports"),)),
+}
+
+
+def command_parser() -> argparse.ArgumentParser:
+    """`rlhf COMMAND ...`: a subparser per command of `COMMANDS`, each passing every argument after the
+    command's name (`--help` included) on to the command's own parser."""
+    parser = argparse.ArgumentParser(
+        prog="rlhf", usage="rlhf COMMAND ...", epilog="`rlhf COMMAND --help` describes a command's options.",
+        formatter_class=lambda prog: argparse.RawTextHelpFormatter(prog, max_help_position=14, width=140))
+    commands = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    for name, command in COMMANDS.items():
+        # no prefix characters: `--help` and every flag are the command's arguments, not this parser's
+        sub = commands.add_parser(name, help=command.help(), add_help=False, prefix_chars="\0")
+        sub.add_argument("arguments", nargs=argparse.REMAINDER)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -55,97 +115,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     explain, a full disk and Ctrl-C end it with one line, not a traceback (`rlhf.cli.errors`)."""
     honour_interrupts()
     argv = list(sys.argv[1:] if argv is None else argv)
+    parser = command_parser()
     if not argv or argv[0] in ("-h", "--help"):
-        print(USAGE)
+        parser.print_help()
         return 0
-    resume = "run the same command again to continue where it stopped" if argv[0] == "generate" else None
-    with one_line_errors(resume):
-        return _command(argv[0], argv[1:])
-
-
-def _command(command: str, rest: list[str]) -> int:
-    if command == "serve":  # rlhf serve MODEL [--host --port --api-key ...]: an OpenAI-compatible server
-        from rlhf.serve import main as serve
-
-        return serve(rest)
-    if command == "data":
-        if not rest or rest[0] != "prepare":
-            print("usage: rlhf data prepare TASK --out DIR   (`rlhf data prepare --help`: the tasks and options)")
-            return 0 if rest and rest[0] in ("-h", "--help") else 2
-        from rlhf.data.prepare import main as prepare
-
-        return prepare(rest[1:])
-    if command == "export":
-        from rlhf.cli.export import export_main
-
-        return export_main(rest)
-    if command == "doctor":
-        from rlhf.cli.doctor import doctor_main
-
-        return doctor_main(rest)
-    if command == "models":
-        from rlhf.cli.models import models_main
-
-        return models_main(rest)
-    if command == "rollouts":
-        from rlhf.trainers.records import format_records, read_records
-
-        p = argparse.ArgumentParser(prog="rlhf rollouts", description="Recorded rollouts of an RL stage: "
-                                    "`show` prints best/worst per group, `view` browses them in the terminal.")
-        p.add_argument("action", choices=["show", "view"])
-        p.add_argument("stage_dir", help="a stage folder: <output_dir>/<experiment>/<run>/<stage>")
-        p.add_argument("--step", type=int, default=None, help="show: only this step")
-        a = p.parse_args(rest)
-        try:
-            if a.action == "view":
-                from rlhf.cli.rollouts_view import view
-
-                view(a.stage_dir)
-            else:
-                print(format_records(read_records(a.stage_dir, a.step)))
-        except FileNotFoundError as err:
-            sys.exit(f"error: {err}")
-        return 0
-    if command == "plan" and rest and rest[0] == "--memory":
-        from rlhf.cli.memory_plan import memory_plan_main
-
-        return memory_plan_main(rest[1:])
-    if command in ("run", "plan", "show"):
-        if not rest or rest[0] in ("-h", "--help"):
-            usage = {"run": "run an experiment (the file's own flags: python experiments/x.py --help)",
-                     "plan": "print each stage's execution plan and its memory per device; "
-                             "`rlhf plan --memory --help` for a model config alone",
-                     "show": "print the graph after overrides, and where each value was set"}[command]
-            print(f"usage: rlhf {command} experiments/x.py [--config CMD ...]\n\n  {usage}")
-            return 0 if rest else 2
-        from rlhf.cli.experiment import load_experiment, run_cli
-
-        extra = {"plan": ["--print_plan"], "show": ["--print_graph"], "run": []}[command]
-        run_cli(load_experiment(rest[0]), rest[1:] + extra)
-        return 0
-    if command == "diff":
-        from rlhf.cli.diff import diff_main
-
-        return diff_main(rest)
-    if command == "viz":
-        from rlhf.cli.viz import viz_main
-
-        return viz_main(rest)
-    if command == "rerun":
-        from rlhf.cli.rerun import rerun_main
-
-        return rerun_main(rest)
-    if command == "ui":
-        from rlhf.cli.ui import ui_main
-
-        return ui_main(rest)
-    if command == "sft":  # rlhf sft MODEL --data FILE [--val FILE --steps --batch-size --lr --out --local]
-        from rlhf_configs.sft import main as sft
-
-        return sft(rest)
-    if command in ("generate", "eval", "probe"):
-        from rlhf.cli.generate_eval import eval_main, generate_main, probe_main
-
-        return {"generate": generate_main, "eval": eval_main, "probe": probe_main}[command](rest)
-    sys.exit(f"error: unknown command {command!r}\n\n{USAGE}")
-
+    if argv[0] not in COMMANDS:
+        sys.exit(f"error: unknown command {argv[0]!r}\n\n{parser.format_help()}")
+    args = parser.parse_args(argv)
+    command = COMMANDS[args.command]
+    with one_line_errors(command.after_error):
+        return command.function()(args.arguments)

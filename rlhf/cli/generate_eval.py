@@ -1,32 +1,22 @@
 """`rlhf generate MODEL --data FILE --out FILE`, `rlhf eval ...` and `rlhf probe ...`: the flags, the graph, the run.
 
 The graphs come from `rlhf_configs.generate_eval` (plain experiments); this module parses the
-flags (defaults from the graph builders' signatures), checks what it can before any model
-loads (numbers, the scorers and the data sources they must cover), runs them, and prints where
-results went.
+flags (defaults from the graph builders' signatures, read from their source), checks what it can
+before any model loads (numbers, the scorers and the data sources they must cover:
+`rlhf.cli.job_inputs`), runs them, and prints where results went. The graphs and the checks are
+imported once the flags are parsed, so `--help` imports neither torch nor the runtimes.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import inspect
 import os
 import sys
 from collections.abc import Callable, Sequence
 
-import datasets
-
 from rlhf.argtypes import POSITIVE, OneLineParser as _Parser, number as _number
-from rlhf.data.arrow import data_sources
-from rlhf.data.files import read_rows
-from rlhf.data.schema import DataError
-from rlhf.data.sources import load_rows
-from rlhf.rewards import RewardManager, scorers_with
-from rlhf.rewards.manager import UnknownDataSourceError
-from rlhf.runtime.experiment import run_experiment
-from rlhf.runtime.preflight import PreflightError
-from rlhf_configs.generate_eval import eval_experiment, generation_experiment, probe_experiment
+from rlhf.cli.source_defaults import source_defaults
 
 __all__ = ["eval_main", "generate_main", "load_scorer", "probe_main"]
 
@@ -55,10 +45,11 @@ def load_scorer(spec: str) -> tuple[str | None, Callable]:
     return source or None, scorer
 
 
-def _sampling_parser(prog: str, builder, sampling: bool = True):
+def _sampling_parser(prog: str, builder: str, sampling: bool = True):
     """The flags shared by `rlhf generate`, `rlhf eval` and (without the `sampling` ones: it is greedy, one
-    response per prompt) `rlhf probe`; defaults come from `builder`'s signature."""
-    d = {name: p.default for name, p in inspect.signature(builder).parameters.items()}
+    response per prompt) `rlhf probe`; defaults come from the signature of `builder` (a function of
+    `rlhf_configs.generate_eval`)."""
+    d = source_defaults("rlhf_configs.generate_eval", builder)
     p = _Parser(prog=prog, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--data", help="prompts: .parquet / .jsonl / .json rows in verl's schema")
     p.add_argument("--limit", type=POSITIVE, default=d["limit"], help="use the first N prompts of --data only")
@@ -105,30 +96,6 @@ def _scorers(p: argparse.ArgumentParser, specs: Sequence[str]) -> dict:
     return {"scorer": everywhere, "scorers": per_source or None}
 
 
-def _check_sources(sources: set[str], scorer, scorers) -> None:
-    """Exit with one line when some data source has no scorer: before any model loads, with the fix."""
-    try:
-        RewardManager(scorers_with(scorers, builtin=scorer is None), default=scorer).check_sources(sources)
-    except UnknownDataSourceError as err:
-        known = str(err).split("; Fix:")[0].split(". Fix:")[0]
-        sys.exit(f"error: {known}. Fix: pass --scorer module:function (a scorer for every data source) or "
-                 f"--scorer {sorted(sources)[0]}=module:function (see docs/generate_and_eval.md), or correct the "
-                 "rows' data_source.")
-
-
-def _data_sources(path: str, kind: str, limit: int | None) -> set[str]:
-    """The data sources of the prompts file (read and validated now: the run reads it from the cache)."""
-    was_enabled = datasets.is_progress_bar_enabled()
-    datasets.disable_progress_bars()  # a check, not the run: its errors are one line
-    try:
-        return data_sources(load_rows(path, kind=kind, limit=limit))
-    except (DataError, FileNotFoundError) as err:
-        sys.exit(f"error: {err}")
-    finally:
-        if was_enabled:
-            datasets.enable_progress_bars()
-
-
 def _common(args, sampling: bool = True) -> dict:
     common = dict(max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                   max_prompt_length=args.max_prompt_length, workers=args.workers, gpus_per_worker=args.gpus_per_worker,
@@ -138,16 +105,20 @@ def _common(args, sampling: bool = True) -> dict:
 
 
 def generate_main(argv: Sequence[str]) -> int:
-    p, _ = _sampling_parser("rlhf generate", generation_experiment)
+    """`rlhf generate`: n responses per prompt into a resumable JSON Lines file (and parquet), scored with --scorer."""
+    p, _ = _sampling_parser("rlhf generate", "generation_experiment")
     p.add_argument("model", help="model folder (e.g. a checkpoint .../final), PEFT adapter folder (.../final-adapter) or hub id")
     p.add_argument("--out", required=True, help="output .jsonl (resumable; a .parquet copy is written at the end)")
     args = p.parse_args(argv)
     if not args.data:
         p.error("--data FILE is required")
     scoring = _scorers(p, args.scorer)
+    from rlhf.cli.job_inputs import check_sources, data_sources, run_job
+    from rlhf_configs.generate_eval import generation_experiment
+
     if args.scorer:
-        _check_sources(_data_sources(args.data, "generation", args.limit), **scoring)
-    result = _run(generation_experiment(args.model, args.data, args.out, **_common(args), **scoring))["generate"]
+        check_sources(data_sources(args.data, "generation", args.limit), **scoring)
+    result = run_job(generation_experiment(args.model, args.data, args.out, **_common(args), **scoring))["generate"]
     print(f"generations: {result['generations']}\nparquet:     {result['parquet']}")
     if "generate/score/mean" in result["metrics"]:
         print(f"mean score:  {result['metrics']['generate/score/mean']:.4f}")
@@ -157,7 +128,8 @@ def generate_main(argv: Sequence[str]) -> int:
 
 
 def eval_main(argv: Sequence[str]) -> int:
-    p, d = _sampling_parser("rlhf eval", eval_experiment)
+    """`rlhf eval`: score a generations file, or generate with MODEL first; mean@n, pass@k, maj@k per data source."""
+    p, d = _sampling_parser("rlhf eval", "eval_experiment")
     p.add_argument("model", nargs="?", help="generate with this model first (with --data)")
     p.add_argument("--generations", help="score this file from `rlhf generate` instead of generating")
     ks = ",".join(map(str, d["ks"]))
@@ -178,20 +150,24 @@ def eval_main(argv: Sequence[str]) -> int:
     if min(ks) < 1:
         p.error(f"--ks must be positive, got {args.ks!r}")
     scoring = _scorers(p, args.scorer)
+    from rlhf.cli.job_inputs import check_sources, data_sources, generation_sources, run_job
+    from rlhf_configs.generate_eval import eval_experiment
+
     if args.generations is not None:
-        _check_sources(_generation_sources(args.generations), **scoring)
+        check_sources(generation_sources(args.generations), **scoring)
     else:
-        _check_sources(_data_sources(args.data, "prompt", args.limit), **scoring)
+        check_sources(data_sources(args.data, "prompt", args.limit), **scoring)
     graph = eval_experiment(args.generations, args.model, args.data, args.out, ks=ks, n_boot=args.n_boot,
                             seed=args.seed, **_common(args), **scoring)
-    result = _run(graph)["eval"]
+    result = run_job(graph)["eval"]
     if result.get("run_hash"):
         print(f"aim run: {result['run_hash']}")
     return 0
 
 
 def probe_main(argv: Sequence[str]) -> int:
-    p, d = _sampling_parser("rlhf probe", probe_experiment, sampling=False)
+    """`rlhf probe`: greedy accuracy, answer lengths and what each token budget would cut, before training."""
+    p, d = _sampling_parser("rlhf probe", "probe_experiment", sampling=False)
     p.add_argument("model", help="model folder (e.g. a checkpoint .../final) or hub id")
     p.add_argument("--budgets", default=",".join(map(str, d["budgets"])),
                    help="comma-separated max_new_tokens values: the share of responses each would cut")
@@ -210,23 +186,10 @@ def probe_main(argv: Sequence[str]) -> int:
         print(f"note: --max-new-tokens {args.max_new_tokens} does not exceed the largest budget {max(budgets)}: "
               "what it cuts is measured only as a lower bound", file=sys.stderr)
     scoring = _scorers(p, args.scorer)
-    _check_sources(_data_sources(args.data, "prompt", args.limit), **scoring)
-    _run(probe_experiment(args.model, args.data, args.out, budgets=budgets, **_common(args, sampling=False),
-                          **scoring))
+    from rlhf.cli.job_inputs import check_sources, data_sources, run_job
+    from rlhf_configs.generate_eval import probe_experiment
+
+    check_sources(data_sources(args.data, "prompt", args.limit), **scoring)
+    run_job(probe_experiment(args.model, args.data, args.out, budgets=budgets, **_common(args, sampling=False),
+                             **scoring))
     return 0
-
-
-def _generation_sources(path: str) -> set[str]:
-    """The data sources of a generations file."""
-    try:
-        return {row["data_source"] for row in read_rows(path)[0]}
-    except (DataError, FileNotFoundError) as err:
-        sys.exit(f"error: {err}")
-
-
-def _run(graph) -> dict:
-    """run_experiment, with bad input (missing model or data, bad rows) as one error message."""
-    try:
-        return run_experiment(graph)
-    except PreflightError as err:
-        sys.exit(f"error: {err}")

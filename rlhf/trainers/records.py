@@ -1,7 +1,8 @@
 """Rollout records: each step's prompts, responses, rewards and advantages as JSON Lines.
 
 `rlhf rollouts show RUN --step N` reads them back (best and worst response per group), so a
-user can see what the policy actually generated at any step of a run. A multi-turn response
+user can see what the policy actually generated at any step of a run; without `--step` it prints
+one summary line per step (`format_step_summary`: a long run records thousands of groups). A multi-turn response
 (rlhf.agents) is also recorded as `segments`: its runs of tokens the policy sampled and was trained
 on (`trained` true) and of tokens it was only shown (tool results, template tokens), decoded with the
 special tokens; `show` prints them one per line, `rlhf rollouts view` dims the untrained ones.
@@ -191,4 +192,17 @@ def format_records(rows: list[dict], max_chars: int = 200) -> str:
                          f"{agent.get('num_turns', '?')} turns, {agent.get('finish_reason', '?')}:")
             for segment in r["segments"]:
                 lines.append(f"      {'trained' if segment['trained'] else 'context':7} | {segment['text'][:max_chars]!r}")
+    return "\n".join(lines)
+
+
+def format_step_summary(rows: list[dict], max_chars: int = 60) -> str:
+    """One line per step: its recorded rows, mean score, mean response length (tokens) and its first response."""
+    by_step: dict[int, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_step[r["step"]].append(r)
+    lines = [f"{'step':>6} {'rows':>5} {'mean score':>10} {'mean length':>11}  first response"]
+    for step, group in sorted(by_step.items()):
+        score = sum(r["score"] for r in group) / len(group)
+        length = sum(r["response_length"] for r in group) / len(group)
+        lines.append(f"{step:>6} {len(group):>5} {score:>+10.3f} {length:>11.1f}  {group[0]['response'][:max_chars]!r}")
     return "\n".join(lines)

@@ -1,19 +1,37 @@
-"""Every command of `rlhf` answers `--help` with its usage and exit status 0 (a user's first try)."""
+"""Every command of `rlhf` answers `--help` with its usage and exit status 0 (a user's first try), and
+`rlhf --help` lists every command of the one table, `rlhf.cli.COMMANDS`."""
 
-import re
+import inspect
 
 import pytest
 
-from rlhf.cli import USAGE, main
-
-COMMANDS = sorted({m.group(1) for m in re.finditer(r"^  rlhf (\w+)", USAGE, re.M)})
+from rlhf.cli import COMMANDS, main
 
 
-def test_the_usage_lists_the_commands():
-    assert {"run", "plan", "show", "export", "models", "serve", "doctor", "rollouts", "generate", "eval"} <= set(COMMANDS)
+def test_the_table_holds_the_commands():
+    assert {"run", "plan", "show", "export", "models", "serve", "doctor", "rollouts", "generate", "eval", "probe",
+            "data", "sft"} <= set(COMMANDS)
 
 
-@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_every_table_entry_resolves_to_a_function_and_has_help_text(name):
+    command = COMMANDS[name]
+    function = command.function()  # imports the module: a typo in "module:function" fails here
+    assert callable(function) and len(inspect.signature(function).parameters) >= 1, command.target
+    assert command.forms and all(arguments and len(what) > 10 for arguments, what in command.forms), name
+
+
+def test_the_usage_lists_every_command_with_its_forms(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    listed = [line.split()[0] for line in out.splitlines() if line.startswith("    ") and line.split()]
+    assert [n for n in listed if n in COMMANDS] == list(COMMANDS), out  # each once, in the table's order
+    for command in COMMANDS.values():
+        for arguments, what in command.forms:
+            assert f"{arguments}" in out and what in out
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_command_answers_help(command, capsys):
     try:
         status = main([command, "--help"])
