@@ -116,8 +116,7 @@ class RewardModelWorker:
                                       max_length=max_length)
         self.tokenizer = load_reward_tokenizer(self.plan.tokenizer_path)
         self.trainer = ModelTrainer(  # not training.trainer(): a frozen model leaves torch's seed alone
-            reward_model_source(model_path, self.plan.dtype), None, strategy=training.strategy,
-            micro_batch_size=training.micro_batch_size, prefix="reward_model",
+            reward_model_source(model_path, self.plan.dtype), None, setup=training, prefix="reward_model",
         )
         self.max_length = max_length
 
@@ -177,7 +176,7 @@ class RewardModelWorker:
 
         Left padding puts every row's last token at the last position, where the model pools.
         """
-        model, size = self.trainer.model, self.trainer.micro_batch_size
+        model, size = self.trainer.model, self.trainer.setup.micro_batch_size
         parts = []
         for start in range(0, len(ids), size):
             input_ids, mask = left_pad(ids[start : start + size], self.tokenizer.pad_token_id)
