@@ -21,26 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from rlhf.agents.trajectory import Trajectory
-from rlhf.batch import Batch
+from rlhf.batch import Batch, pad_rows
 from rlhf.rollout.engine import position_ids_from_mask
-
-
-def _left(rows: Sequence[Sequence], pad, dtype) -> torch.Tensor:
-    width = max(max((len(r) for r in rows), default=0), 1)
-    out = torch.full((len(rows), width), pad, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, width - len(r):] = torch.tensor(list(r), dtype=dtype)
-    return out
-
-
-def _right(rows: Sequence[Sequence], pad, dtype) -> torch.Tensor:
-    width = max(max((len(r) for r in rows), default=0), 1)
-    out = torch.full((len(rows), width), pad, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(list(r), dtype=dtype)
-    return out
 
 
 def agent_info(t: Trajectory) -> dict:
@@ -63,12 +45,12 @@ def trajectory_batch(
     """The rollout Batch of `trajectories` (see the module docstring for its columns)."""
     if len(trajectories) != len(rows):
         raise ValueError(f"trajectory_batch: {len(trajectories)} trajectories for {len(rows)} rows")
-    prompts = _left([t.prompt_ids for t in trajectories], pad_token_id, torch.long)
-    prompt_mask = _left([[1] * len(t.prompt_ids) for t in trajectories], 0, torch.long)
-    responses = _right([t.response_ids for t in trajectories], pad_token_id, torch.long)
-    real = _right([[1] * len(t.response_ids) for t in trajectories], 0, torch.long)
-    loss_mask = _right([t.loss_mask for t in trajectories], 0, torch.long)
-    log_probs = _right([t.log_probs for t in trajectories], 0.0, torch.float32)
+    prompts = pad_rows([t.prompt_ids for t in trajectories], pad_token_id, "left", min_width=1)
+    prompt_mask = pad_rows([[1] * len(t.prompt_ids) for t in trajectories], 0, "left", min_width=1)
+    responses = pad_rows([t.response_ids for t in trajectories], pad_token_id, "right", min_width=1)
+    real = pad_rows([[1] * len(t.response_ids) for t in trajectories], 0, "right", min_width=1)
+    loss_mask = pad_rows([t.loss_mask for t in trajectories], 0, "right", min_width=1)
+    log_probs = pad_rows([t.log_probs for t in trajectories], 0.0, "right", torch.float32, min_width=1)
     attention_mask = torch.cat([prompt_mask, real], dim=1)
     out = Batch({}, dict(rows.non_tensors), dict(rows.meta))
     out["prompts"] = prompts
