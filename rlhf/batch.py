@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import pad_sequence
 
 
 def _as_object_array(values: Any) -> np.ndarray:
@@ -223,6 +224,25 @@ class Batch:
         t = ", ".join(f"{k}: {tuple(v.shape)} {str(v.dtype).removeprefix('torch.')}" for k, v in self.tensors.items())
         nt = ", ".join(self.non_tensors)
         return f"Batch(rows={len(self)}, tensors=[{t}], non_tensors=[{nt}], meta={sorted(self.meta)})"
+
+
+def pad_rows(
+    rows: Sequence[Sequence[int | float]],
+    padding_value: int | float,
+    side: Literal["left", "right"],
+    dtype: torch.dtype = torch.long,
+    min_width: int = 0,  # agents' batches keep one column even when every row is empty
+) -> torch.Tensor:
+    """(B, W) rows of different lengths padded to the longest (at least `min_width`): on the left for
+    prompts (generation continues on the right), on the right for responses."""
+    if not rows:
+        return torch.full((0, min_width), padding_value, dtype=dtype)
+    tensors = [torch.as_tensor(np.asarray(r), dtype=dtype) for r in rows]
+    padded = pad_sequence(tensors, batch_first=True, padding_value=padding_value, padding_side=side)
+    short = min_width - padded.shape[1]
+    if short > 0:
+        padded = torch.nn.functional.pad(padded, (short, 0) if side == "left" else (0, short), value=padding_value)
+    return padded
 
 
 def _cat_padded(tensors: list[torch.Tensor]) -> torch.Tensor:

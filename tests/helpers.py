@@ -5,12 +5,15 @@ import dataclasses
 import functools
 import os
 import tempfile
+import types
+from pathlib import Path
 
 import fiddle as fdl
 import torch
 
 from rlhf.models.tiny import byte_level_qwen2_tokenizer, tiny_qwen2
 
+PROJECT = Path(__file__).resolve().parents[1]  # this checkout
 _ROOT = os.environ.get("RLHF_TEST_MODELS", os.path.join(tempfile.gettempdir(), "rlhf-test-models"))
 
 
@@ -203,3 +206,11 @@ def run_capturing(monkeypatch, graph) -> dict[int, tuple[dict, object]]:
     monkeypatch.setattr(RLTrainer, "step", spy)
     run_experiment(graph)
     return seen
+
+
+def load_file(relative: str) -> types.ModuleType:
+    """An experiment or benchmark file of this checkout (`"experiments/arithmetic_tiny.py"`), executed afresh
+    as the command line loads it: a module named after the file, registered in `sys.modules`."""
+    from rlhf.cli.experiment import load_experiment  # pulls in the runtime: only tests that load a file pay
+
+    return load_experiment(str(PROJECT / relative))

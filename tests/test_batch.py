@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlhf.batch import Batch
+from rlhf.batch import Batch, pad_rows
 
 
 def make(n: int, width: int = 3) -> Batch:
@@ -104,3 +104,25 @@ def test_pickle_round_trip_keeps_values_dtypes_and_owns_memory(protocol):
     c["f"][0, 0] = 123.0
     assert b["f"][0, 0] != 123.0
     assert not c["grad"].requires_grad
+
+
+@pytest.mark.parametrize("rows, side, min_width, expected", [
+    ([[1, 2, 3], [4]], "left", 0, [[1, 2, 3], [9, 9, 4]]),
+    ([[1, 2, 3], [4]], "right", 0, [[1, 2, 3], [4, 9, 9]]),
+    ([[], [5, 6]], "left", 0, [[9, 9], [5, 6]]),  # an empty row is all padding
+    ([[], [5, 6]], "right", 0, [[9, 9], [5, 6]]),
+    ([[7]], "left", 3, [[9, 9, 7]]),  # at least min_width columns
+    ([[7]], "right", 3, [[7, 9, 9]]),
+    ([[], []], "right", 1, [[9], [9]]),  # agents' batches keep one column
+    ([(1, 2), range(3, 4)], "right", 0, [[1, 2], [3, 9]]),  # any sequence of ints
+    ([np.array([1, 2]), np.array([3])], "left", 0, [[1, 2], [9, 3]]),
+])
+def test_pad_rows_table(rows, side, min_width, expected):
+    out = pad_rows(rows, 9, side, min_width=min_width)
+    assert out.dtype == torch.long and out.tolist() == expected
+
+
+def test_pad_rows_keeps_floats_and_takes_no_rows():
+    out = pad_rows([[0.5], [0.25, -1.0]], 0.0, "right", torch.float32)
+    assert out.dtype == torch.float32 and out.tolist() == [[0.5, 0.0], [0.25, -1.0]]
+    assert pad_rows([], 0, "left", min_width=1).shape == (0, 1)

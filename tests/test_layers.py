@@ -33,8 +33,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlhf.rollout", "rlhf.data"),  # rollout engines; datasets
     ("rlhf.rewards", "rlhf.models", "rlhf.tracking"),  # scorers; model loading; Aim
     ("rlhf.algos", "rlhf.graph", "rlhf.io"),  # pure math; graphs as data; atomic files
-    ("rlhf.batch", "rlhf.ranges", "rlhf.choices", "rlhf.signatures", "rlhf.argtypes"),  # the data container; range
-    # markers; checked choices; arguments completed with a signature's defaults; command-line numbers
+    ("rlhf.batch", "rlhf.ranges", "rlhf.typefit", "rlhf.choices", "rlhf.signatures", "rlhf.argtypes"),  # the data
+    # container; range markers; values against annotations; checked choices; arguments completed with a
+    # signature's defaults; command-line numbers
 ]
 
 # Function-level imports of project modules, and why each one is not at the top of its module.

@@ -1,7 +1,7 @@
 """Trajectories -> the `Batch` a single-turn rollout gives, so advantages, losses and aggregation need nothing new.
 
-Columns (rlhf.rollout.engine.rollout_batch has the single-turn ones): `prompts` (B,P) left-padded
-prompt ids; `responses` (B,T) every token after the prompt, sampled and observed, right-padded;
+Columns (written by rlhf.rollout.engine.set_rollout_columns, as for single-turn rollouts): `prompts`
+(B,P) left-padded prompt ids; `responses` (B,T) every token after the prompt, sampled and observed, right-padded;
 `response_mask` (B,T) the LOSS MASK: 1 exactly on the tokens the policy sampled, 0 on observation
 and template tokens and padding; `rollout_log_probs` (B,T) the engine's log-prob of each sampled
 token, 0 elsewhere (aligned with the mask); `input_ids`, `attention_mask` (1 on every real token,
@@ -21,26 +21,8 @@ from collections.abc import Sequence
 import torch
 
 from rlhf.agents.trajectory import Trajectory
-from rlhf.batch import Batch
-from rlhf.rollout.engine import position_ids_from_mask
-
-
-def _left(rows: Sequence[Sequence], pad, dtype) -> torch.Tensor:
-    width = max(max((len(r) for r in rows), default=0), 1)
-    out = torch.full((len(rows), width), pad, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, width - len(r):] = torch.tensor(list(r), dtype=dtype)
-    return out
-
-
-def _right(rows: Sequence[Sequence], pad, dtype) -> torch.Tensor:
-    width = max(max((len(r) for r in rows), default=0), 1)
-    out = torch.full((len(rows), width), pad, dtype=dtype)
-    for i, r in enumerate(rows):
-        if r:
-            out[i, : len(r)] = torch.tensor(list(r), dtype=dtype)
-    return out
+from rlhf.batch import Batch, pad_rows
+from rlhf.rollout.engine import set_rollout_columns
 
 
 def agent_info(t: Trajectory) -> dict:
@@ -63,26 +45,25 @@ def trajectory_batch(
     """The rollout Batch of `trajectories` (see the module docstring for its columns)."""
     if len(trajectories) != len(rows):
         raise ValueError(f"trajectory_batch: {len(trajectories)} trajectories for {len(rows)} rows")
-    prompts = _left([t.prompt_ids for t in trajectories], pad_token_id, torch.long)
-    prompt_mask = _left([[1] * len(t.prompt_ids) for t in trajectories], 0, torch.long)
-    responses = _right([t.response_ids for t in trajectories], pad_token_id, torch.long)
-    real = _right([[1] * len(t.response_ids) for t in trajectories], 0, torch.long)
-    loss_mask = _right([t.loss_mask for t in trajectories], 0, torch.long)
-    log_probs = _right([t.log_probs for t in trajectories], 0.0, torch.float32)
-    attention_mask = torch.cat([prompt_mask, real], dim=1)
+    def left(rows: list, pad: int) -> torch.Tensor:
+        return pad_rows(rows, pad, "left", min_width=1)
+
+    def right(rows: list, pad: int | float, dtype: torch.dtype = torch.long) -> torch.Tensor:
+        return pad_rows(rows, pad, "right", dtype, min_width=1)
+
     out = Batch({}, dict(rows.non_tensors), dict(rows.meta))
-    out["prompts"] = prompts
-    out["responses"] = responses
-    out["response_mask"] = loss_mask
-    out["rollout_log_probs"] = log_probs * loss_mask
-    out["input_ids"] = torch.cat([prompts, responses], dim=1)
-    out["attention_mask"] = attention_mask
-    out["position_ids"] = position_ids_from_mask(attention_mask)
+    set_rollout_columns(
+        out, prompt_ids=left([t.prompt_ids for t in trajectories], pad_token_id),
+        prompt_mask=left([[1] * len(t.prompt_ids) for t in trajectories], 0),
+        responses=right([t.response_ids for t in trajectories], pad_token_id),
+        response_mask=right([t.loss_mask for t in trajectories], 0),
+        response_attention=right([[1] * len(t.response_ids) for t in trajectories], 0),
+        log_probs=right([t.log_probs for t in trajectories], 0.0, torch.float32),
+        temperature=temperature, max_new_tokens=max_new_tokens,
+    )
     extra = rows["extra_info"] if "extra_info" in rows else [{}] * len(rows)
     out["extra_info"] = [{**(e or {}), "agent": agent_info(t)} for e, t in zip(extra, trajectories)]
     out["response_text"] = [t.final_text for t in trajectories]
-    out.meta["temperature"] = temperature
-    out.meta["max_new_tokens"] = max_new_tokens
     return out
 
 

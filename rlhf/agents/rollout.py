@@ -47,6 +47,7 @@ from rlhf.agents.environment import Action, EnvironmentFactory, StepResult
 from rlhf.agents.parsers import HermesParser, ParsedTurn, ToolCallParser
 from rlhf.agents.trajectory import ChatRenderer, Trajectory
 from rlhf.batch import Batch
+from rlhf.data.tokenize import left_pad
 from rlhf.ranges import PositiveInt
 from rlhf.rollout.engine import position_ids_from_mask
 from rlhf.rollout.sampling import SamplingParams
@@ -393,12 +394,7 @@ class _Clock:
 
 
 def _prompt_batch(ids: Sequence[Sequence[int]], pad_token_id: int) -> Batch:
-    width = max(len(r) for r in ids)
-    input_ids, mask = [], []
-    for r in ids:
-        input_ids.append([pad_token_id] * (width - len(r)) + list(r))
-        mask.append([0] * (width - len(r)) + [1] * len(r))
-    input_ids, mask = torch.tensor(input_ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
+    input_ids, mask = left_pad(ids, pad_token_id)
     return Batch({"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids_from_mask(mask)})
 
 

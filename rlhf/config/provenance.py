@@ -23,7 +23,7 @@ from typing import Any
 import fiddle as fdl
 from fiddle import history
 
-from rlhf.graph.typecheck import describe, parameter_hints
+from rlhf.typefit import describe, parameter_hints
 
 _FIDDLE_DIR = os.path.dirname(fdl.__file__)
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))

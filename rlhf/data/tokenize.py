@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from transformers import PreTrainedTokenizerBase
 
+from rlhf.batch import pad_rows
 from rlhf.data.chat_splice import ChatSplicer
 
 
@@ -26,26 +27,12 @@ def chat_prompt_ids_batch(tokenizer: PreTrainedTokenizerBase, conversations: Seq
 
 def left_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), both (B, max_len), padded on the left (generation continues on the right)."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, width - len(s) :] = torch.tensor(s, dtype=torch.long)
-            mask[i, width - len(s) :] = 1
-    return ids, mask
+    return pad_rows(seqs, pad_id, "left"), pad_rows([[1] * len(s) for s in seqs], 0, "left")
 
 
 def right_pad(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(ids, mask), both (B, max_len), padded on the right."""
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), width), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if s:
-            ids[i, : len(s)] = torch.tensor(s, dtype=torch.long)
-            mask[i, : len(s)] = 1
-    return ids, mask
+    return pad_rows(seqs, pad_id, "right"), pad_rows([[1] * len(s) for s in seqs], 0, "right")
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,6 @@ wait for each other (a file lock) instead of converting twice.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import shutil
@@ -32,6 +31,7 @@ import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.io.fingerprint import sha256_file, stat_digest
 from rlhf.io.lock import held
 from rlhf.models.saving import make_portable
 
@@ -117,7 +117,7 @@ def _converted(source: str, cache: Path) -> Path:
     path = Path(source).expanduser()
     if path.is_file():
         _check_gguf_header(path)
-        key = f"gguf-{path.stem}-{_digest(path)[:16]}"
+        key = f"gguf-{path.stem}-{sha256_file(path)[:16]}"
         return _convert_cached(path, cache / "models" / key, origin={"gguf": str(path.resolve())})
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -128,7 +128,7 @@ def _converted(source: str, cache: Path) -> Path:
                 f"{path} is neither a Hugging Face model folder (no config.json) nor a folder with one .gguf file "
                 f"(found {len(ggufs)}). Point SOURCE at the folder holding config.json, or at the .gguf file."
             )
-        key = f"folder-{path.name}-{_folder_digest(path)[:16]}"
+        key = f"folder-{path.name}-{stat_digest([path])[:16]}"  # names, sizes, times: cheap
         return _convert_cached(path, cache / "models" / key, origin={"folder": str(path.resolve())})
     raise ModelImportError(
         f"model source {source!r} is not a file, a folder or a known model name "
@@ -291,21 +291,3 @@ def _same_import(target: Path, converted: Path) -> bool:
 def _copy_tree(src: Path, dst: Path) -> None:
     for item in src.iterdir():
         shutil.copy2(item, dst / item.name)
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _folder_digest(folder: Path) -> str:
-    """Names, sizes and modification times: cheap, and changes whenever a file is rewritten."""
-    h = hashlib.sha256()
-    for item in sorted(folder.iterdir()):
-        if item.is_file():
-            st = item.stat()
-            h.update(f"{item.name}:{st.st_size}:{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()

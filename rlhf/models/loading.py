@@ -12,7 +12,6 @@ once into the cache for what needs full weights on disk (vLLM).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +21,7 @@ import transformers
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from rlhf.io.atomic import atomic_write_dir
+from rlhf.io.fingerprint import stat_digest
 from rlhf.io.lock import held
 from rlhf.models.adapters import adapter_base_name, is_adapter_folder, merge_adapter_into
 from rlhf.models.importing import cache_root
@@ -115,7 +115,8 @@ def adapter_base_path(adapter: str) -> str:
 
 def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
     """The model's tokenizer, left-padded (generation needs left padding) with a pad token; for an adapter
-    folder, the tokenizer saved with it, else its base model's."""
+    folder, the tokenizer saved with it, else its base model's. A policy's and a reward model's alike: both
+    render chat messages, so a tokenizer without a chat template is refused here."""
     path = resolve_model_path(name_or_path)
     if is_adapter_folder(path) and not (Path(path) / "tokenizer_config.json").is_file():
         return load_tokenizer(adapter_base_path(path))
@@ -124,8 +125,10 @@ def load_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
         tok.pad_token = tok.eos_token
     if tok.chat_template is None:
         raise ValueError(
-            f"Tokenizer at {name_or_path} has no chat template; prompts are chat messages. "
-            "Use an instruct model's tokenizer or set `tokenizer.chat_template` and save it with the model."
+            f"the tokenizer at {name_or_path} has no chat template, so chat rows (a policy's prompts, a reward "
+            "model's (prompt, response) pairs) cannot be rendered as the model was trained on. Fix: use an "
+            "instruct or reward model saved with its chat template, or set `tokenizer.chat_template` and save "
+            "it with the model."
         )
     return tok
 
@@ -187,12 +190,8 @@ def model_folder(name_or_path: str) -> str:
     if not is_adapter_folder(path):
         return path
     base = adapter_base_path(path)
-    digest = hashlib.sha256(str(Path(base).resolve()).encode())
-    for folder in (Path(path), Path(base)):
-        for item in sorted(folder.iterdir()):
-            if item.is_file():
-                digest.update(f"{item.name}:{item.stat().st_size}:{item.stat().st_mtime_ns}\n".encode())
-    target = cache_root() / "merged" / digest.hexdigest()[:16]
+    digest = stat_digest([path, base], prefix=str(Path(base).resolve()))
+    target = cache_root() / "merged" / digest[:16]
     target.parent.mkdir(parents=True, exist_ok=True)
     with held(target.with_name(target.name + ".lock")):
         if not (target / "config.json").is_file():

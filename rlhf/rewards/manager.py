@@ -63,7 +63,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from rlhf.rewards.pool import Outcome, WorkerPool
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.rewards.registry import rule_key
+from rlhf.typefit import check_arguments
 
 logger = logging.getLogger(__name__)
 
@@ -163,10 +165,10 @@ class RewardManager:
         *,
         strict: bool = True,
         fallback_score: float = 0.0,
-        num_workers: int = 0,
-        timeout_s: float | None = None,
-        chunk_size: int | None = None,
-        overlong_buffer_len: int | None = None,
+        num_workers: NonNegativeInt = 0,
+        timeout_s: PositiveFloat | None = None,
+        chunk_size: PositiveInt | None = None,
+        overlong_buffer_len: PositiveInt | None = None,
         overlong_penalty_factor: float = 1.0,
         default: Scorer | None = None,
     ) -> None:
@@ -188,19 +190,13 @@ class RewardManager:
                 raise TypeError(f"RewardManager: the scorer for data_source {name!r} is not callable: {scorer!r}")
         if default is not None and not callable(default):
             raise TypeError(f"RewardManager: the default scorer is not callable: {default!r}")
-        if not isinstance(num_workers, int) or num_workers < 0:
-            raise ValueError(f"RewardManager: num_workers must be an int >= 0, got {num_workers!r}")
-        if timeout_s is not None and not timeout_s > 0:
-            raise ValueError(f"RewardManager: timeout_s must be > 0 or None, got {timeout_s!r}")
+        check_arguments(RewardManager, dict(num_workers=num_workers, timeout_s=timeout_s, chunk_size=chunk_size,
+                                             overlong_buffer_len=overlong_buffer_len))
         if timeout_s is not None and num_workers == 0:
             raise ValueError(
                 "RewardManager: timeout_s needs num_workers >= 1, because a scorer running in this "
                 "process cannot be stopped safely. Fix: pass num_workers=1 (or more), or timeout_s=None."
             )
-        if chunk_size is not None and chunk_size < 1:
-            raise ValueError(f"RewardManager: chunk_size must be >= 1 or None, got {chunk_size!r}")
-        if overlong_buffer_len is not None and overlong_buffer_len < 1:
-            raise ValueError(f"RewardManager: overlong_buffer_len must be >= 1 or None, got {overlong_buffer_len!r}")
         self.scorers = dict(scorers)
         self.strict = strict
         self.fallback_score = float(fallback_score)

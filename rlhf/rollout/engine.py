@@ -232,19 +232,38 @@ def rollout_batch(
     (`sampling.logit_temperature`) and `max_new_tokens` (the generation limit), see `rlhf.batch.ROLLOUT_META`.
     """
     batch = prompts.repeat(sampling.n, interleave=True) if sampling.n > 1 else prompts.select(prompts.keys())
-    input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
     response_mask = response_mask_from_eos(responses, eos_token_ids)
-    responses = responses.masked_fill(response_mask == 0, pad_token_id)
-    full_mask = torch.cat([attention_mask, response_mask], dim=1)
-    batch["prompts"] = input_ids
+    return set_rollout_columns(
+        batch, prompt_ids=batch["input_ids"], prompt_mask=batch["attention_mask"],
+        responses=responses.masked_fill(response_mask == 0, pad_token_id), response_mask=response_mask,
+        response_attention=response_mask, log_probs=log_probs, temperature=sampling.logit_temperature,
+        max_new_tokens=sampling.max_new_tokens,
+    )
+
+
+def set_rollout_columns(
+    batch: Batch, *, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, responses: torch.Tensor,
+    response_mask: torch.Tensor, response_attention: torch.Tensor, log_probs: torch.Tensor,
+    temperature: float, max_new_tokens: int,
+) -> Batch:
+    """`batch` (its other columns kept) with the rollout columns every producer writes: single-turn engines
+    (`rollout_batch`) and multi-turn trajectories (`rlhf.agents.batch`) alike.
+
+    `prompt_ids`, `prompt_mask` (B,P) left-padded; `responses` (B,R) right-padded; `response_mask` (B,R) the
+    tokens trained on; `response_attention` (B,R) the real response tokens (the same mask for one turn;
+    for agents it also covers the observations the policy was shown); `log_probs` (B,R), kept where
+    `response_mask` is 1; `temperature` and `max_new_tokens` go to meta (`rlhf.batch.ROLLOUT_META`).
+    """
+    attention_mask = torch.cat([prompt_mask, response_attention], dim=1)
+    batch["prompts"] = prompt_ids
     batch["responses"] = responses
     batch["response_mask"] = response_mask
     batch["rollout_log_probs"] = log_probs * response_mask
-    batch["input_ids"] = torch.cat([input_ids, responses], dim=1)
-    batch["attention_mask"] = full_mask
-    batch["position_ids"] = position_ids_from_mask(full_mask)
-    batch.meta["temperature"] = sampling.logit_temperature
-    batch.meta["max_new_tokens"] = sampling.max_new_tokens
+    batch["input_ids"] = torch.cat([prompt_ids, responses], dim=1)
+    batch["attention_mask"] = attention_mask
+    batch["position_ids"] = position_ids_from_mask(attention_mask)
+    batch.meta["temperature"] = temperature
+    batch.meta["max_new_tokens"] = max_new_tokens
     return batch
 
 

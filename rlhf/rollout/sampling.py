@@ -8,6 +8,7 @@ from typing import Annotated
 import torch
 
 from rlhf.ranges import NonNegativeFloat, NonNegativeInt, OpenUnitInterval, PositiveInt
+from rlhf.typefit import check_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -22,18 +23,11 @@ class SamplingParams:
     min_new_tokens: NonNegativeInt = 0  # EOS cannot be sampled before this many tokens (vLLM's min_tokens; benchmarks)
 
     def __post_init__(self) -> None:
-        if self.n < 1:
-            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if not 0 <= self.min_new_tokens <= self.max_new_tokens:
+        check_fields(self)  # each field against its annotation's range, as preflight checks a graph
+        if self.min_new_tokens > self.max_new_tokens:
             raise ValueError(
-                f"SamplingParams.min_new_tokens must be in [0, max_new_tokens={self.max_new_tokens}], "
-                f"got {self.min_new_tokens}"
+                f"SamplingParams.min_new_tokens = {self.min_new_tokens}: expects at most max_new_tokens = "
+                f"{self.max_new_tokens} (EOS could never be sampled); lower it or raise max_new_tokens"
             )
 
     @property

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 
 import torch
 
-from rlhf.batch import Batch
+from rlhf.batch import Batch, pad_rows
 from rlhf.models.loading import model_folder
 from rlhf.rollout.engine import NamedTensors, WeightDigest, buckets, prompt_token_lists, rollout_batch
 from rlhf.rollout.sampling import SamplingParams
@@ -148,16 +148,10 @@ class VLLMEngine:
                 params.append(self._params(sampling, 1 if repeat > 1 else n, (seed + row) % SEED_SPACE))
         outputs = self.llm.generate(requests, params, use_tqdm=False)
         sequences = [completion for output in outputs for completion in output.outputs]
-        width = max((len(s.token_ids) for s in sequences), default=0) or 1
-        responses = torch.full((len(sequences), width), self.pad_token_id, dtype=torch.long)
-        log_probs = torch.zeros((len(sequences), width), dtype=torch.float32)
-        for row, s in enumerate(sequences):
-            ids = list(s.token_ids)
-            responses[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
-            if s.logprobs is not None:
-                log_probs[row, : len(ids)] = torch.tensor(
-                    [step[token].logprob for step, token in zip(s.logprobs, ids)], dtype=torch.float32
-                )
+        responses = pad_rows([list(s.token_ids) for s in sequences], self.pad_token_id, "right", min_width=1)
+        log_probs = pad_rows(  # a sequence without log-probs gets zeros
+            [[step[t].logprob for step, t in zip(s.logprobs, s.token_ids)] if s.logprobs is not None else []
+             for s in sequences], 0.0, "right", torch.float32, min_width=responses.shape[1])
         return rollout_batch(prompts, responses, log_probs, sampling, self.eos_token_ids, self.pad_token_id)
 
     def _params(self, sampling: SamplingParams, n: int, seed: int):

@@ -307,7 +307,7 @@ class PolicyWorker(PublishesWeights):
         a Ray round trip with the batch costs ~5 ms on a small machine). A driver that needs
         them itself (a KL penalty in the reward) calls `compute_ref_log_probs`.
         """
-        off_policy = self.trainer.epochs > 1 or self.trainer.mini_batches > 1
+        off_policy = self.trainer.setup.epochs > 1 or self.trainer.setup.mini_batches > 1
         return {"old_log_probs": self.objective is not None and off_policy, "ref_log_probs": False}
 
     # ------------------------------------------------------------ state I/O

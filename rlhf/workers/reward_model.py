@@ -15,17 +15,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from transformers import (
-    AutoModelForSequenceClassification,
-    AutoTokenizer,
-    PreTrainedTokenizerBase,
-)
+from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
 from rlhf.batch import Batch
 from rlhf.ranges import PositiveInt
 from rlhf.signatures import with_defaults
 from rlhf.data.tokenize import left_pad, position_ids
-from rlhf.models.loading import ModelSource, hf_model_source, resolve_model_path
+from rlhf.models.loading import ModelSource, hf_model_source, load_tokenizer, resolve_model_path
 from rlhf.workers.fsdp import describe_placement
 from rlhf.workers.memory import (
     MemoryEstimate, Placement, Term, Workload, dtype_bytes, estimate, forward_terms, frozen_model_terms,
@@ -49,20 +45,6 @@ def reward_model_source(name_or_path: str, dtype: str = "float32") -> ModelSourc
 
 def load_reward_model(name_or_path: str, dtype: str = "float32") -> torch.nn.Module:
     return reward_model_source(name_or_path, dtype).load()
-
-
-def load_reward_tokenizer(name_or_path: str) -> PreTrainedTokenizerBase:
-    """The reward model's own tokenizer; it must have a chat template (rows are chat messages)."""
-    tok = AutoTokenizer.from_pretrained(resolve_model_path(name_or_path))
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
-    if tok.chat_template is None:
-        raise ValueError(
-            f"the reward model's tokenizer at {name_or_path} has no chat template, so (prompt, response) "
-            "pairs cannot be rendered as it was trained on. Fix: use a reward model saved with its chat "
-            "template, or set `tokenizer.chat_template` and save it with the model."
-        )
-    return tok
 
 
 def conversation_ids(
@@ -114,10 +96,9 @@ class RewardModelWorker:
     ):
         self.plan = plan_reward_model(model_path=model_path, tokenizer_path=tokenizer_path, training=training,
                                       max_length=max_length)
-        self.tokenizer = load_reward_tokenizer(self.plan.tokenizer_path)
+        self.tokenizer = load_tokenizer(self.plan.tokenizer_path)
         self.trainer = ModelTrainer(  # not training.trainer(): a frozen model leaves torch's seed alone
-            reward_model_source(model_path, self.plan.dtype), None, strategy=training.strategy,
-            micro_batch_size=training.micro_batch_size, prefix="reward_model",
+            reward_model_source(model_path, self.plan.dtype), None, setup=training, prefix="reward_model",
         )
         self.max_length = max_length
 
@@ -177,7 +158,7 @@ class RewardModelWorker:
 
         Left padding puts every row's last token at the last position, where the model pools.
         """
-        model, size = self.trainer.model, self.trainer.micro_batch_size
+        model, size = self.trainer.model, self.trainer.setup.micro_batch_size
         parts = []
         for start in range(0, len(ids), size):
             input_ids, mask = left_pad(ids[start : start + size], self.tokenizer.pad_token_id)

@@ -75,13 +75,7 @@ class TrainingSetup:
         (what it initialises afresh, a LoRA adapter or a value head, starts the same in every run and on
         every rank) and with `seed + rank` after (sampling, dropout)."""
         torch.manual_seed(self.seed)
-        trainer = ModelTrainer(
-            model, optimizer, lr_scheduler, strategy=self.strategy, micro_batch_size=self.micro_batch_size,
-            mini_batches=self.mini_batches, epochs=self.epochs, grad_clip=self.grad_clip, prefix=prefix,
-            compute_dtype=self.compute_dtype, gradient_checkpointing=self.gradient_checkpointing,
-            max_tokens_per_micro_batch=self.max_tokens_per_micro_batch,
-            max_tokens_per_forward=self.max_tokens_per_forward,
-        )
+        trainer = ModelTrainer(model, optimizer, lr_scheduler, self, prefix)
         torch.manual_seed(self.seed + trainer.rank)
         return trainer
 
@@ -94,31 +88,19 @@ class ModelTrainer:
         model: torch.nn.Module | ModelSource,  # a source lets FSDP read the weights on one rank only
         optimizer: OptimizerFactory | None,  # None: the model is only evaluated (frozen)
         lr_scheduler: SchedulerFactory | None = None,
-        strategy: Strategy = "auto",  # "auto": FSDP on GPUs, DDP on CPUs; "fsdp" runs on CPUs too (gloo)
-        micro_batch_size: int = 64,
-        mini_batches: int = 1,
-        epochs: int = 1,
-        grad_clip: float | None = 1.0,
+        setup: TrainingSetup = TrainingSetup(),  # placement, compute dtype, batching, clipping (its defaults)
         prefix: str = "actor",  # metric namespace: actor/grad_norm, critic/grad_norm ...
-        compute_dtype: DType = "float32",  # matmuls under autocast in this dtype; weights stay as loaded
-        gradient_checkpointing: bool = False,  # recompute activations in backward (Hugging Face models)
-        max_tokens_per_micro_batch: int | None = None,  # token budget (rows x longest row) per training micro-batch
-        max_tokens_per_forward: int | None = None,  # the same for no-grad forwards; None: max_tokens_per_micro_batch
     ):
         self.accelerator = make_accelerator()
-        self.strategy = resolve_strategy(strategy, self.accelerator.device.type == "cuda")
-        self.micro_batch_size = micro_batch_size
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.max_tokens_per_forward = max_tokens_per_forward or max_tokens_per_micro_batch
-        self.mini_batches = mini_batches
-        self.epochs = epochs
-        self.grad_clip = grad_clip
+        self.setup = setup
+        self.strategy = resolve_strategy(setup.strategy, self.accelerator.device.type == "cuda")
+        # no-grad forwards fall back to the training budget
+        self.max_tokens_per_forward = setup.max_tokens_per_forward or setup.max_tokens_per_micro_batch
         self.prefix = prefix
-        self.compute_dtype = compute_dtype
-        torch_dtype(compute_dtype, "compute_dtype")
+        torch_dtype(setup.compute_dtype, "compute_dtype")
         self.skipped_steps = 0
-        self.model = place_model(model, self.strategy, self.accelerator.device, compute_dtype,
-                                 gradient_checkpointing=gradient_checkpointing and optimizer is not None)
+        self.model = place_model(model, self.strategy, self.accelerator.device, setup.compute_dtype,
+                                 gradient_checkpointing=setup.gradient_checkpointing and optimizer is not None)
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.optimizer = self.scheduler = None
@@ -143,7 +125,7 @@ class ModelTrainer:
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """The compute-dtype context every forward of this trainer's models runs in."""
-        return autocast(self.device, self.compute_dtype)
+        return autocast(self.device, self.setup.compute_dtype)
 
     def global_sum(self, value: float) -> float:
         if self.world_size == 1:
@@ -160,7 +142,7 @@ class ModelTrainer:
         Without one: `micro_batch_size` rows each, in order.
         """
         if max_tokens is None:
-            parts = batch.split(self.micro_batch_size)
+            parts = batch.split(self.setup.micro_batch_size)
             return MicroBatches(parts, np.arange(len(batch)), 0)
         split = split_by_tokens(batch, max_tokens)
         if self.world_size > 1:
@@ -189,15 +171,15 @@ class ModelTrainer:
         batch = batch.to("cpu")
         sums: dict[str, Metric] = {}
         weights: dict[str, float] = defaultdict(float)
-        mini_size = math.ceil(len(batch) / self.mini_batches)
+        mini_size = math.ceil(len(batch) / self.setup.mini_batches)
         grad_norms: list[float] = []
         skipped = over_budget = micro_count = 0
-        for _ in range(self.epochs):
+        for _ in range(self.setup.epochs):
             for mini in batch.split(mini_size):
                 num_tokens = self.global_sum(float(mini["response_mask"].sum()))
                 num_seqs = self.global_sum(float(len(mini)))
                 self.optimizer.zero_grad(set_to_none=True)
-                split = self.micro_batches(mini, self.max_tokens_per_micro_batch)
+                split = self.micro_batches(mini, self.setup.max_tokens_per_micro_batch)
                 micros, over_budget = split.parts, over_budget + split.over_budget
                 for i, micro in enumerate(micros):
                     tokens = float(micro["response_mask"].sum())
@@ -229,7 +211,7 @@ class ModelTrainer:
         out[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.prefix}/nonfinite_steps"] = float(skipped)
         out[f"{self.prefix}/micro_batches"] = float(micro_count)
-        if self.max_tokens_per_micro_batch is not None:  # rows wider than the budget, each run alone
+        if self.setup.max_tokens_per_micro_batch is not None:  # rows wider than the budget, each run alone
             out[f"{self.prefix}/rows_over_token_budget"] = float(over_budget)
         return out
 
@@ -245,10 +227,10 @@ class ModelTrainer:
         """The global gradient norm (clipped to `grad_clip` when set); under FSDP the norm of the
         sharded gradients is reduced over ranks (`full_tensor`)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
-        if self.grad_clip is None:
+        if self.setup.grad_clip is None:
             norm = torch.nn.utils.get_total_norm([p.grad for p in params]) if params else torch.zeros(())
         else:
-            norm = torch.nn.utils.clip_grad_norm_(params, self.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, self.setup.grad_clip)
         return full_tensor(norm)
 
     # ------------------------------------------------------------ state I/O

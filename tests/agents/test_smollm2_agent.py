@@ -1,9 +1,6 @@
 """SmolLM2-135M-Instruct (the real model) in multi-turn rollouts: token-in/token-out with its own ChatML
 template (default system prompt and all), and the Python-tool recipe's smoke form through the runtime."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -16,8 +13,7 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import run_experiment
 from rlhf.workers.policy import PolicyWorker
 from test_agent_rollout import ContinueEnvironment
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 @pytest.mark.real_model
@@ -43,9 +39,7 @@ def test_smollm2_multi_turn_log_probs_match_the_trainer(smollm2_path):
 
 @pytest.mark.real_model
 def test_smollm2_python_tool_recipe_smoke(smollm2_path, tmp_path):
-    spec = importlib.util.spec_from_file_location("smollm2_python_tool", ROOT / "experiments" / "smollm2_python_tool.py")
-    recipe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(recipe)
+    recipe = load_file("experiments/smollm2_python_tool.py")
     graph = recipe.base()
     recipe.smoke(graph)
     for fiddler in (common.local, common.no_tracking, common.quiet):

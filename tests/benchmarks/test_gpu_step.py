@@ -6,22 +6,14 @@ quarter of a micro-batch's logits, and fp32 master weights (one lr-1e-6 AdamW st
 >= 90% of the weights). A regression in any of them fails here.
 """
 
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
+from helpers import load_file
 
 
 def _gpu_step():
-    spec = importlib.util.spec_from_file_location("gpu_step", ROOT / "benchmarks" / "gpu_step.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_step"] = module  # dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/gpu_step.py")
 
 
 @pytest.mark.slow

@@ -1,9 +1,7 @@
 """benchmarks/real_model_learning.py without a real model: --recipe, metric names read from the graph, and
 results written outside the repository unless --out says where."""
 
-import importlib.util
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -13,17 +11,14 @@ import pytest
 from rlhf.data import arithmetic_rows, write_rows
 from rlhf.data.sources import load_rows
 from rlhf.rewards import RewardManager, exact_match_score
+from helpers import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("real_model_learning", ROOT / "benchmarks" / "real_model_learning.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["real_model_learning"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_file("benchmarks/real_model_learning.py")
 
 
 def test_defaults_measure_the_arithmetic_recipe_and_write_outside_the_repository(bench):

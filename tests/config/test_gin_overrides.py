@@ -4,7 +4,6 @@ the shipped rlhf_configs/*.gin files, and a round-trip property over random bind
 from __future__ import annotations
 
 import copy
-import importlib.util
 import inspect
 import re
 from pathlib import Path
@@ -20,6 +19,7 @@ import gin_toy_experiment
 from rlhf.config.gin_overrides import SHIPPED, GinError, apply_gin
 from rlhf.config.overrides import OverrideError, apply_overrides
 from rlhf.graph.io import flatten
+from helpers import load_file
 
 ROOT = Path(__file__).resolve().parents[2]
 SHIPPED_FILES = sorted(p.name for p in SHIPPED.glob("*.gin"))
@@ -240,10 +240,7 @@ def test_an_error_leaves_the_graph_unchanged():
 
 # --------------------------------------------------------- the shipped files
 def load_experiment(name: str):
-    spec = importlib.util.spec_from_file_location(f"gin_test_{name}", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(f"experiments/{name}.py")
 
 
 @pytest.fixture(scope="module")

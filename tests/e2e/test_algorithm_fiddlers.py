@@ -28,9 +28,9 @@ from rlhf.runtime.experiment import resolve_stage_outputs, run_experiment
 from rlhf.trainers.export import export_checkpoint
 from rlhf.trainers.records import read_records
 
-from test_arithmetic_tiny import load_experiment
+from helpers import load_file
 
-MODULE = load_experiment()
+MODULE = load_file("experiments/arithmetic_tiny.py")
 
 
 def ppo_two_mini_batches(cfg) -> None:

@@ -1,22 +1,15 @@
 """End to end on the tiny model: SFT -> GRPO -> eval through the real runtimes and Aim."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 import rlhf_configs.common as common
 from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import find_runs, metric_values
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 def load_experiment():
-    spec = importlib.util.spec_from_file_location("arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 def smoke_graph(tmp_path, *fiddlers):

@@ -12,23 +12,17 @@ The test runs seeds 0 and requires +4 points: half the smallest gain seen. A pol
 sign flipped takes the same run from 42.4% down (see the report of issue 24).
 """
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 import rlhf_configs.common as common
 from rlhf.runtime.experiment import run_experiment
+from helpers import load_file
 
-ROOT = Path(__file__).parents[2]
 ACCURACY = "val-core/arithmetic/reward/mean@1"  # exact match: the recipe's reward and validation score
 
 
 def arithmetic_tiny():
-    spec = importlib.util.spec_from_file_location("learns_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 @pytest.mark.slow

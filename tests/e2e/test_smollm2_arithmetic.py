@@ -8,16 +8,17 @@ import pytest
 
 import rlhf_configs.common as common
 from rlhf.cli import main
-from rlhf.cli.experiment import build_graph, load_experiment
+from rlhf.cli.experiment import build_graph
 from rlhf.cli.rerun import load_run_graph
 from rlhf.runtime.experiment import run_experiment
+from helpers import load_file
 
 EXACT, LENIENT = "val-core/arithmetic/reward/mean@1", "val-aux/arithmetic/last_number/mean@1"
 
 
 @pytest.mark.real_model
 def test_smoke_trains_and_validates_smollm2(smollm2_path, tmp_path, capsys):
-    recipe = load_experiment("experiments/smollm2_arithmetic.py")
+    recipe = load_file("experiments/smollm2_arithmetic.py")
     graph, _ = build_graph(recipe, [f'config:base(model="{smollm2_path}")', "fiddler:smoke", "fiddler:local"])
     common.quiet(graph)
     graph.output_dir, graph.tracker.repo = str(tmp_path / "out"), str(tmp_path / "aim")

@@ -1,7 +1,6 @@
 """End to end: the tool-calculator recipe in smoke form (SFT on tool demonstrations -> multi-turn GRPO
 with a calculator -> evaluation with the tool; the no-tool SFT baseline), through the real runtime and Aim."""
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,15 +10,11 @@ from rlhf.cli.rollouts_view import UNTRAINED_STYLE, render_response
 from rlhf.runtime.experiment import run_experiment
 from rlhf.trainers.records import format_records, read_records
 from rlhf.tracking.query import metric_values
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 def load_recipe():
-    spec = importlib.util.spec_from_file_location("tool_calculator", ROOT / "experiments" / "tool_calculator.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/tool_calculator.py")
 
 
 def smoke_graph(tmp_path, *fiddlers):

@@ -1,9 +1,7 @@
 """Bad input stops an experiment before any training, naming what is wrong and how to fix it."""
 
-import importlib.util
 import json
 import time
-from pathlib import Path
 
 import fiddle as fdl
 import pytest
@@ -12,15 +10,11 @@ from rlhf.cli.experiment import run_cli
 from rlhf.runtime.preflight import PreflightError
 from rlhf.data.sources import load_rows
 from rlhf.runtime.experiment import run_experiment
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 def load(name):
-    spec = importlib.util.spec_from_file_location(f"exp_{name}", ROOT / "experiments" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file(f"experiments/{name}.py")
 
 
 def test_offline_gsm8k_recipe_names_the_missing_model_and_data(tmp_path, monkeypatch):

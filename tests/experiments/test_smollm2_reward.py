@@ -2,9 +2,9 @@
 
 import pytest
 
-from rlhf.cli.experiment import load_experiment
+from helpers import load_file
 
-recipe = load_experiment("experiments/smollm2_arithmetic.py")
+recipe = load_file("experiments/smollm2_arithmetic.py")
 
 
 @pytest.mark.parametrize(

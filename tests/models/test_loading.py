@@ -31,3 +31,18 @@ def test_offline_hub_id_fails_fast_with_offline_instructions(monkeypatch):
     with pytest.raises(ModelNotFoundError, match="fiddler:tiny"):
         resolve_model_path("Qwen/Qwen2.5-0.5B-Instruct")
     assert time.perf_counter() - start < 10
+
+
+def test_a_tokenizer_without_chat_template_is_refused_with_the_fix(tmp_path):
+    """The one tokenizer loader (a policy's and a reward model's) refuses a tokenizer that cannot render
+    chat rows, naming the folder and the fix."""
+    import shutil
+
+    from rlhf.models.tiny import byte_level_qwen2_tokenizer
+
+    tokenizer = byte_level_qwen2_tokenizer()
+    tokenizer.chat_template = None
+    tokenizer.save_pretrained(tmp_path)
+    shutil.copy(f"{tiny_model_path()}/config.json", tmp_path)
+    with pytest.raises(ValueError, match=rf"tokenizer at {tmp_path} has no chat template.*Fix: .*chat_template"):
+        load_tokenizer(str(tmp_path))

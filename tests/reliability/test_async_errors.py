@@ -1,9 +1,6 @@
 """Asynchronous rollout ends as synchronous rollout does: an explained error raised in the rollout
 producer (a strict scorer's failure) is one line, not a traceback of the producer thread."""
 
-import importlib.util
-from pathlib import Path
-
 import fiddle as fdl
 import pytest
 
@@ -11,16 +8,12 @@ from rlhf.cli.errors import one_line_errors
 from rlhf.cli.experiment import build_graph
 from rlhf.runtime.experiment import run_experiment
 from identity_toys import broken_scorer
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    spec = importlib.util.spec_from_file_location("exp_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 @pytest.mark.parametrize("mode", ["sync", "one_step_off"])

@@ -1,23 +1,17 @@
 """Mistyped or out-of-range values stop the run (and `--print_plan`) in preflight, before any model
 loads, naming the field's path, the value and the expected type or range."""
 
-import importlib.util
 import time
-from pathlib import Path
 
 import pytest
 
 from rlhf.cli.experiment import run_cli
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    spec = importlib.util.spec_from_file_location("exp_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 def refused(module, *commands, plan=False, local=True) -> str:

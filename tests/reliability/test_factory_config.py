@@ -2,9 +2,7 @@
 `fdl.Partial(...)`) is a preflight error naming the path and the fix, before any model loads (it
 was a `TypeError: 'RolloutRecorder' object is not callable` after the models had loaded)."""
 
-import importlib.util
 import time
-from pathlib import Path
 
 import fiddle as fdl
 import pytest
@@ -13,16 +11,12 @@ from rlhf.cli.experiment import build_graph
 from rlhf.runtime.experiment import run_experiment
 from rlhf.runtime.preflight import PreflightError
 from rlhf.trainers.records import RolloutRecorder
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    spec = importlib.util.spec_from_file_location("exp_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 def test_an_instance_given_for_a_factory_is_a_preflight_error(tiny, tmp_path):

@@ -1,7 +1,6 @@
 """A finished stage's `final/` carries checksums, and the next stage checks them before it trains
 from it: bytes flipped in the SFT model make the RL stage stop at once, naming the file and the fix."""
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -9,16 +8,12 @@ import pytest
 
 from rlhf.cli.experiment import run_cli
 from rlhf.io.manifest import MANIFEST, verify
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 @pytest.fixture(scope="module")
 def tiny():
-    spec = importlib.util.spec_from_file_location("exp_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 def argv(out: Path, *extra: str) -> list[str]:

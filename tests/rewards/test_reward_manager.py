@@ -259,7 +259,7 @@ def test_manager_adds_overlong_penalty_and_reports_it():
 
 
 def test_overlong_options_are_checked():
-    with pytest.raises(ValueError, match="overlong_buffer_len must be >= 1"):
+    with pytest.raises(ValueError, match=r"RewardManager.overlong_buffer_len = 0: expects int > 0 \| None"):
         RewardManager({}, overlong_buffer_len=0)
     manager = RewardManager({"a": exact_match_score}, overlong_buffer_len=4)
     with pytest.raises(ValueError, match=r"overlong_buffer_len=4 is longer than .*max_new_tokens=3"):
@@ -281,12 +281,17 @@ def test_overlong_options_are_checked():
 
 
 def test_bad_parallel_options():
-    with pytest.raises(ValueError, match="num_workers must be an int >= 0"):
+    # each range is the marker in RewardManager's signature, read by the checker preflight uses too
+    with pytest.raises(ValueError, match=r"^RewardManager.num_workers = -1: expects int >= 0$"):
         RewardManager({}, num_workers=-1)
-    with pytest.raises(ValueError, match="timeout_s must be > 0"):
+    with pytest.raises(ValueError, match=r"^RewardManager.num_workers = 1.5: expects int >= 0$"):
+        RewardManager({}, num_workers=1.5)
+    with pytest.raises(ValueError, match=r"^RewardManager.timeout_s = 0: expects float > 0 \| None$"):
         RewardManager({}, num_workers=1, timeout_s=0)
-    with pytest.raises(ValueError, match="chunk_size must be >= 1"):
+    with pytest.raises(ValueError, match=r"^RewardManager.chunk_size = 0: expects int > 0 \| None$"):
         RewardManager({}, num_workers=1, chunk_size=0)
+    with pytest.raises(ValueError, match=r"num_workers = -1: .*; RewardManager.chunk_size = 0"):  # every bad one
+        RewardManager({}, num_workers=-1, chunk_size=0)
 
 
 def test_a_default_scorer_takes_every_source_the_dict_does_not_name():

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 
 import fiddle as fdl
 import pytest
@@ -12,16 +10,12 @@ import rlhf_configs.common as common
 from rlhf.algos import GAE, RLOO, ReinforcePlusPlus
 from rlhf.runtime.preflight import PreflightError, batch_arithmetic, batch_table, check_experiment, preflight
 from rlhf.runtime.ray_runtime import RayRuntime
-
-ROOT = Path(__file__).parents[2]
+from helpers import load_file
 
 
 @pytest.fixture(scope="module")
 def arithmetic():
-    spec = importlib.util.spec_from_file_location("checks_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 def errors(graph, **kwargs):

@@ -3,7 +3,6 @@ is refused before any model loads, naming the largest consumers and settings tha
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -11,16 +10,14 @@ import pytest
 from rlhf.runtime import preflight as preflight_package
 from rlhf.runtime.preflight import PreflightError, preflight, preflight_report
 from rlhf.runtime.preflight import memory as planner
+from helpers import load_file
 
 ROOT = Path(__file__).parents[2]
 
 
 @pytest.fixture(scope="module")
 def arithmetic():
-    spec = importlib.util.spec_from_file_location("memory_arithmetic_tiny", ROOT / "experiments" / "arithmetic_tiny.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file("experiments/arithmetic_tiny.py")
 
 
 def test_the_report_has_a_device_per_stage_with_its_largest_terms(arithmetic):
@@ -78,9 +75,7 @@ def test_rlhf_plan_memory_answers_what_fits(capsys):
 def test_a_multi_turn_rollout_is_planned_at_its_token_budget():
     """An agent rollout's response holds every turn and observation: up to AgentRollout.max_response_tokens,
     longer than one turn's sampling.max_new_tokens."""
-    spec = importlib.util.spec_from_file_location("memory_tool_calculator", ROOT / "experiments" / "tool_calculator.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_file("experiments/tool_calculator.py")
     stage = module.base().stages["grpo"]
     workload, _ = planner._workload(stage, "grpo")
     assert stage.sampling.max_new_tokens == 24 and workload.response_tokens == stage.rollout.max_response_tokens == 64

@@ -1,15 +1,10 @@
 """`rlhf serve`: the command line, and (slow) a load test of the real server process on loopback."""
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
 from rlhf.cli import main as rlhf
 from rlhf.models.loading import load_tokenizer
 from rlhf.serve.server import BackgroundServer, app_from_args, parse_args
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_serve_help_lists_the_flags(capsys):
@@ -56,10 +51,9 @@ def test_chat_template_and_tool_call_parser_flags(tmp_path):
 
 def load_benchmark():
     pytest.importorskip("httpx")
-    spec = importlib.util.spec_from_file_location("serve_load", ROOT / "benchmarks" / "serve_load.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from helpers import load_file
+
+    return load_file("benchmarks/serve_load.py")
 
 
 def test_the_benchmark_only_targets_loopback():

@@ -265,7 +265,7 @@ def test_token_budget_update_equals_the_row_count_update(aggregate):
     from rlhf.algos import KLLoss, PPOClipLoss, aggregation, kl_k3
     from rlhf.workers.objectives import PolicyObjective
     from rlhf.workers.policy import response_log_probs
-    from rlhf.workers.training import ModelTrainer
+    from rlhf.workers.training import ModelTrainer, TrainingSetup
 
     agg = getattr(aggregation, aggregate)
     objective = PolicyObjective(PPOClipLoss(aggregate=agg), kl_loss=KLLoss(estimator=kl_k3, coef=0.1, aggregate=agg))
@@ -277,8 +277,8 @@ def test_token_budget_update_equals_the_row_count_update(aggregate):
     def train(data, micro_batch_size):
         torch.manual_seed(0)
         model = AutoModelForCausalLM.from_pretrained(tiny_model_path())
-        trainer = ModelTrainer(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3), strategy="ddp",
-                               micro_batch_size=micro_batch_size, mini_batches=2)
+        trainer = ModelTrainer(model, lambda ps: torch.optim.AdamW(ps, lr=1e-3),
+                               setup=TrainingSetup(strategy="ddp", micro_batch_size=micro_batch_size, mini_batches=2))
         seen = []
 
         def micro_loss(micro, num_tokens, num_seqs):

@@ -3,12 +3,13 @@
 import torch
 
 from rlhf.batch import Batch
-from rlhf.workers.training import ModelTrainer
+from rlhf.workers.training import ModelTrainer, TrainingSetup
 
 
 def test_nonfinite_gradient_skips_the_step():
     model = torch.nn.Linear(3, 1)
-    trainer = ModelTrainer(model, lambda p: torch.optim.SGD(p, lr=0.1), micro_batch_size=2, prefix="actor")
+    trainer = ModelTrainer(model, lambda p: torch.optim.SGD(p, lr=0.1),
+                           setup=TrainingSetup(micro_batch_size=2), prefix="actor")
     before = {k: v.clone() for k, v in trainer.unwrapped().state_dict().items()}
     batch = Batch({"x": torch.randn(4, 3), "response_mask": torch.ones(4, 2)})
 
@@ -35,7 +36,8 @@ def test_micro_batches_sum_to_the_full_batch_gradient():
         model = torch.nn.Linear(3, 1)
         torch.nn.init.constant_(model.weight, 0.5)
         torch.nn.init.zeros_(model.bias)
-        trainer = ModelTrainer(model, lambda p: torch.optim.SGD(p, lr=1.0), micro_batch_size=micro, grad_clip=None)
+        trainer = ModelTrainer(model, lambda p: torch.optim.SGD(p, lr=1.0),
+                               setup=TrainingSetup(micro_batch_size=micro, grad_clip=None))
         batch = Batch({"x": x, "response_mask": torch.ones(6, 1)})
         trainer.update(batch, lambda m, nt, ns: (trainer.model(m["x"]).pow(2).sum() / ns, {}))
         grads.append(trainer.unwrapped().weight.detach().clone())

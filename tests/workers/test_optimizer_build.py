@@ -6,7 +6,7 @@ import fiddle as fdl
 import pytest
 import torch
 
-from rlhf.workers.training import ModelTrainer, build_optimizer
+from rlhf.workers.training import ModelTrainer, TrainingSetup, build_optimizer
 
 
 def _params(seed: int = 0) -> list[torch.nn.Parameter]:
@@ -55,5 +55,6 @@ def test_fused_update_equals_the_loop_up_to_rounding(cls, kwargs):
 
 def test_model_trainer_uses_the_fused_kernel():
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
-    trainer = ModelTrainer(model, fdl.build(fdl.Partial(torch.optim.AdamW, lr=1e-3)), strategy="ddp")
+    trainer = ModelTrainer(model, fdl.build(fdl.Partial(torch.optim.AdamW, lr=1e-3)),
+                           setup=TrainingSetup(strategy="ddp"))
     assert trainer.optimizer.param_groups[0]["fused"] is True

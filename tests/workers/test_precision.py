@@ -38,7 +38,7 @@ def test_the_same_step_on_weights_stored_in_bf16_rounds_away():
     worker = grpo_worker(optimizer=lambda p: torch.optim.AdamW(p, lr=LR))
     batch = scored_rollout(worker)
     model = load_causal_lm(tiny_model_path(), "bfloat16")
-    trainer = ModelTrainer(model, lambda p: torch.optim.AdamW(p, lr=LR), micro_batch_size=4)
+    trainer = ModelTrainer(model, lambda p: torch.optim.AdamW(p, lr=LR), setup=TrainingSetup(micro_batch_size=4))
     before = {k: v.detach().clone() for k, v in model.state_dict().items()}
 
     def micro_loss(micro, num_tokens, num_seqs):
