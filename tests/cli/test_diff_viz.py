@@ -14,8 +14,10 @@ def test_rlhf_diff_of_two_command_lines(capsys):
     assert "~ stages.grpo.prompts_per_step: 64 -> 4" in out
     assert "~ stages.sft.evaluator.dataset.rows.n: 500 -> 32" in out
     assert "~ stages.sft.total_steps: 250 -> 40" in out
-    # smoke's changes (7 data/step sizes, the SFT schedule, the partial-credit reward) and the set:
-    assert len([line for line in out.splitlines() if line.startswith("~")]) == 11
+    # smoke's changes (7 data/step sizes, the SFT schedule, the partial-credit reward of RL and of validation, two
+    # nodes since validation has its own) and the set:
+    assert "~ stages.grpo.reward.scorers.arithmetic:" in out and "~ stages.eval.evaluator.reward.scorers.arithmetic:" in out
+    assert len([line for line in out.splitlines() if line.startswith("~")]) == 12
 
 
 def test_rlhf_viz_writes_svg_dot_and_the_plan(tmp_path, capsys, monkeypatch):
