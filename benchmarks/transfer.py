@@ -42,7 +42,8 @@ PANEL = [
     "reasoning_gym/aiw",
     'reasoning_gym/letter_counting={"min_words": 3, "max_words": 5}',
     'reasoning_gym/chain_sum={"min_terms": 2, "max_terms": 2, "max_digits": 2}',
-    'reasoning_gym/products={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1}',
+    # one-digit factors have too few distinct questions for 200 held-out rows (54); not screened at 1-2 digits
+    'reasoning_gym/products={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}',
     'reasoning_gym/gcd={"min_value": 1, "max_value": 20}',
     'reasoning_gym/lcm={"min_value": 1, "max_value": 12}',
 ]

@@ -141,6 +141,7 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
         total_steps=steps,
         evaluator=evaluator,
         val_before_train=True,
+        test_freq=max(1, steps // 2),  # a validation mid-run too: the regression alarm and best/ need more than two
     )
     return fdl.Config(Experiment, name=NAME, stages={"grpo": grpo}, runtime=fdl.Config(RayRuntime),
                       tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME))
