@@ -38,7 +38,7 @@ from rlhf.data.files import (
     read_rows,
     without_none,
 )
-from rlhf.data.schema import DataError, to_python, validate_row
+from rlhf.data.schema import DataError, is_preference_row, preference_file_hint, to_python, validate_row
 
 VERSION = "1"
 """Part of every cache key: bump it when a cached map's output changes for the same input."""
@@ -145,6 +145,10 @@ def normalize_row(row: Any, *, source: str, index: int, kind: RowKind = "prompt"
     """`row` checked (`validate_row`, as `read_rows` does) and in canonical form (`without_none`,
     `extra_info` a dict); chat rows with `messages` (kind "sft") are only made plain Python."""
     row = to_python(row)
+    if kind == "sft" and is_preference_row(row):  # a verl-complete pair would silently train on its ground truth
+        where = f"{source}, row {index}" + (f" (line {line})" if line is not None else "")
+        raise DataError(f"{where}: {preference_file_hint('SFT trains on one response per prompt, not on pairs')}.",
+                        source=source, index=index, field="chosen")
     if kind == "sft" and isinstance(row, Mapping) and "messages" in row:
         return without_none(row)
     validate_row(row, source=source, index=index, line=line, require_ground_truth=kind != "generation")

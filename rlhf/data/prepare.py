@@ -6,6 +6,8 @@ Tasks:
   extra), with its settings from `--set key=value`.
 - `gsm8k`: openai/gsm8k ("main"), converted exactly as verl's examples/data_preprocess/gsm8k.py.
 - `math`: DigitalLearningGmbH/MATH-lighteval, as verl's examples/data_preprocess/math_dataset.py.
+- `preferences`: preference pairs labelled by sampling a model and ranking its answers with a scorer
+  (`rlhf data prepare preferences --help`; `rlhf.cli.prepare_preferences`, as it runs a model).
 
 The hub tasks load with the `datasets` library, or, with `--local PATH`, from files of the
 hub dataset downloaded elsewhere (its parquet/jsonl files, found by split name under PATH),
@@ -161,7 +163,9 @@ def _parser() -> argparse.ArgumentParser:
         description="Write DIR/train.parquet and DIR/test.parquet in verl's prompt schema.",
     )
     parser.add_argument("task", help=f"what data to prepare: {', '.join([*GENERATED, *HUB])}, or {REASONING_GYM}<task> "
-                                     f"(any reasoning-gym task, e.g. {REASONING_GYM}leg_counting)")
+                                     f"(any reasoning-gym task, e.g. {REASONING_GYM}leg_counting); `preferences` "
+                                     "(pairs from a model's ranked samples) has its own flags: "
+                                     "`rlhf data prepare preferences --help`")
     parser.add_argument("--out", required=True, type=Path, help="output directory (created if missing)")
     parser.add_argument("--n", "--size", type=int, default=None,
                         help=f"train rows (generated tasks: default {GENERATED_TRAIN_ROWS}; hub tasks: the first N, "
@@ -185,7 +189,7 @@ def unknown_task(task: str) -> str | None:
     if task in GENERATED or task in HUB or task.startswith(REASONING_GYM):
         return None  # a reasoning-gym name is checked when its rows are made (the list needs reasoning-gym)
     return (f"unknown task {task!r}. Tasks: {', '.join([*GENERATED, *HUB])}, and {REASONING_GYM}<task> for any "
-            f"reasoning-gym task (e.g. {REASONING_GYM}leg_counting)")
+            f"reasoning-gym task (e.g. {REASONING_GYM}leg_counting); `preferences` labels pairs with a model")
 
 
 def generator(task: str, settings: list[str], instruction: str | None = None) -> Callable[..., list[dict]] | None:

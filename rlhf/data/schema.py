@@ -99,6 +99,11 @@ def validate_row(
             "every row must be an object with data_source, prompt, reward_model",
         )
 
+    if is_preference_row(row) and ("data_source" not in row or "prompt" not in row):
+        raise DataError(f"{where}: {preference_file_hint('prompt data (RL, generation) is verl prompt rows')}; to "
+                        "use its prompts for RL or generation, give each row data_source (and reward_model for "
+                        "scoring).",
+                        source=source, index=index, field="chosen")
     if "data_source" not in row:
         raise fail("data_source", "is missing", 'add the dataset name, e.g. "data_source": "openai/gsm8k"')
     data_source = row["data_source"]
@@ -208,6 +213,19 @@ def _validate_prompt(row: Mapping, fail: Callable[[str, str, str], DataError]) -
             )
     if not any(message["content"].strip() for message in prompt):
         raise fail("prompt", "has only empty messages", "put the question in the user message's content")
+
+
+def is_preference_row(row: Any) -> bool:
+    """Whether `row` is a preference pair (has both `chosen` and `rejected`)."""
+    return isinstance(row, Mapping) and "chosen" in row and "rejected" in row
+
+
+def preference_file_hint(needs: str) -> str:
+    """Why a preference row does not fit here (`needs`: what this reader wants instead) and where pairs go."""
+    return (f"this is a preference row (prompt, chosen, rejected), and {needs}. Fix: learn from the pairs with the "
+            "DPO stage (`rlhf dpo MODEL --data FILE`, rlhf_configs.dpo.dpo_stage) or train a reward model on them "
+            "(the reward-model stage); for SFT on the preferred answers, write rows with `messages` = prompt + "
+            "chosen (docs/preferences.md)")
 
 
 def has_ground_truth(row: Mapping) -> bool:

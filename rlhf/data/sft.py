@@ -64,9 +64,12 @@ def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], gen
 
 
 def conversation_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], *, where: str = "conversation"
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], *, where: str = "conversation", context: int = 0
 ) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, response mask) of a chat with one or more assistant turns.
+
+    `context`: the first `context` messages are prompt only, assistant turns among them included (a
+    preference pair's prompt may hold earlier turns; only the completion after it is scored).
 
     The template is rendered on growing prefixes of the conversation: the text added by
     `messages[:i+1]` over `messages[:i]` + generation prompt is assistant turn i (its content,
@@ -78,11 +81,11 @@ def conversation_ids(
     reasoning) is refused with a DataError.
     """
     roles = [m.get("role") if isinstance(m, Mapping) else None for m in messages]
-    assistant = [i for i, r in enumerate(roles) if r == "assistant"]
+    assistant = [i for i, r in enumerate(roles) if r == "assistant" and i >= context]
     if not assistant or any(not isinstance(m, Mapping) or not isinstance(m.get("content"), str) for m in messages):
         raise DataError(
-            f"{where}: `messages` must be a list of {{role, content}} dicts with at least one assistant turn, "
-            f"got roles {roles}"
+            f"{where}: `messages` must be a list of {{role, content}} dicts with at least one assistant turn"
+            + (f" after the first {context} (the prompt)" if context else "") + f", got roles {roles}"
         )
     # end-of-turn markers: EOS and the template's other special tokens (Qwen base: EOS is
     # <|endoftext|>, turns end with <|im_end|>)
