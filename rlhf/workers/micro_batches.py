@@ -146,6 +146,7 @@ def split_by_tokens(
     max_tokens: int,  # padded tokens (rows x trimmed width) per micro-batch
     min_micro_batches: int = 1,  # at least this many parts (FSDP: the max over ranks)
     keep_groups: bool = True,  # keep a GRPO group whole when it fits; False: place rows freely by length
+    whole_units: bool = False,  # never split a unit, even over the budget (a preference pair: its loss needs both)
 ) -> MicroBatches:
     """Micro-batches whose padded size (rows x trimmed width) is at most `max_tokens`.
 
@@ -155,8 +156,11 @@ def split_by_tokens(
     decreasing), each micro-batch trimmed as `trim_padding` does. A single row
     wider than the budget goes into a micro-batch alone and is counted in `over_budget`.
 
+    `whole_units`: a unit is never split: one wider than the budget goes into a micro-batch alone (counted
+    in `over_budget`), and the splitting below cuts between units only.
+
     `min_micro_batches`: split the micro-batches with the most rows until there are at least
-    this many (never more than the rows). Under FSDP every rank must run the same number of
+    this many (never more than the rows, or with `whole_units` the units). Under FSDP every rank must run the same number of
     forwards: take the max of `len(parts)` over ranks and split again with it (verl does the same).
     Rows inside a micro-batch keep their original relative order.
     """
@@ -175,7 +179,7 @@ def split_by_tokens(
     def entry(rows: np.ndarray) -> tuple[int, int, int, np.ndarray]:
         return -int(response_span[rows].max()), -int(prompt_span[rows].max()), int(rows[0]), rows
 
-    units = row_units(batch) if keep_groups else [np.array([i]) for i in range(b)]
+    units = row_units(batch) if keep_groups or whole_units else [np.array([i]) for i in range(b)]
     pending = [entry(u) for u in units]
     heapq.heapify(pending)
     # open micro-batches: rows, widest prompt span, widest response span (first fit, vectorised)
@@ -185,7 +189,7 @@ def split_by_tokens(
     while pending:
         neg_r, neg_p, _, unit = heapq.heappop(pending)
         prompt, response, n = -neg_p, -neg_r, len(unit)
-        if n * (prompt + response) > max_tokens and n > 1:  # a group too big: place its rows one by one
+        if n * (prompt + response) > max_tokens and n > 1 and not whole_units:  # too big: place its rows one by one
             for i in unit:
                 heapq.heappush(pending, entry(np.array([i])))
             continue
@@ -202,13 +206,36 @@ def split_by_tokens(
         n_rows[j] += n
         wide_p[j], wide_r[j] = max(wide_p[j], prompt), max(wide_r[j], response)
     groups = [sorted(m) for m in members]
+    unit_of = np.zeros(b, dtype=np.int64)
+    for k, unit in enumerate(units):
+        unit_of[unit] = k
     while len(groups) < min(min_micro_batches, b):
-        i = max(range(len(groups)), key=lambda j: len(groups[j]))
+        splittable = [j for j in range(len(groups)) if not whole_units or len(set(unit_of[groups[j]])) > 1]
+        if not splittable:  # every micro-batch is one unit: no more cuts between units
+            break
+        i = max(splittable, key=lambda j: len(groups[j]))
         rows = groups.pop(i)
-        groups[i:i] = [rows[: len(rows) // 2], rows[len(rows) // 2 :]]
+        cut = len(rows) // 2
+        if whole_units:  # the unit boundary nearest the middle
+            bounds = [k for k in range(1, len(rows)) if unit_of[rows[k]] != unit_of[rows[k - 1]]]
+            cut = min(bounds, key=lambda k: abs(k - len(rows) / 2))
+        groups[i:i] = [rows[:cut], rows[cut:]]
     order = np.array([i for g in groups for i in g], dtype=np.int64)
     parts = [_trim(batch.index(g), p, r, int(prompt_span[g].max()), int(response_span[g].max())) for g in groups]
     return MicroBatches(parts, order, over_budget)
+
+
+def unit_chunks(batch: Batch, rows: int) -> list[np.ndarray]:
+    """Row indices of consecutive runs of whole units (`row_units`) of at most `rows` rows each (a unit
+    larger than that alone): the row-count micro-batches (and mini-batches) of a batch whose units must
+    not be split."""
+    chunks: list[list[int]] = []
+    for unit in row_units(batch):
+        if chunks and len(chunks[-1]) + len(unit) <= rows:
+            chunks[-1].extend(unit.tolist())
+        else:
+            chunks.append(unit.tolist())
+    return [np.asarray(c, dtype=np.int64) for c in chunks]
 
 
 def restore_order(parts: list[torch.Tensor], order: np.ndarray, width: int) -> torch.Tensor:

@@ -34,14 +34,15 @@ from rlhf.workers.accelerator import make_accelerator
 from rlhf.workers.fsdp import (
     FSDP, Strategy, build_sharded, full_tensor, is_sharded, local_tensor, resolve_strategy, shard_model,
 )
-from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens
+from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens, unit_chunks
 from rlhf.workers.precision import DType, autocast, torch_dtype
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 Metric = torch.Tensor | float  # a 0-d device tensor (no host sync) or a Python number
-# (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens)
-MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, Metric]]]
+# (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens); a metric given as
+# (value, weight) is averaged over the micro-batches with that weight instead (e.g. its pairs)
+MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, "Metric | tuple[Metric, float]"]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,22 +134,26 @@ class ModelTrainer:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         return float(self.accelerator.reduce(t, reduction="sum").item())
 
-    def micro_batches(self, batch: Batch, max_tokens: int | None = None) -> MicroBatches:
+    def micro_batches(self, batch: Batch, max_tokens: int | None = None, whole_units: bool = False) -> MicroBatches:
         """`batch` (on the host) cut into the micro-batches one forward/backward processes.
 
         With a token budget: rows grouped by length, each micro-batch trimmed to its longest row
         (rlhf.workers.micro_batches.split_by_tokens); every rank then runs as many micro-batches
         as the rank that needs most (FSDP's collectives need the same number of forwards).
-        Without one: `micro_batch_size` rows each, in order.
+        Without one: `micro_batch_size` rows each, in order. `whole_units`: a unit of rows
+        (`row_units`: the same `uid`, e.g. a preference pair) is never split between micro-batches.
         """
         if max_tokens is None:
+            if whole_units:
+                chunks = unit_chunks(batch, self.setup.micro_batch_size)
+                return MicroBatches([batch.index(c) for c in chunks], np.concatenate(chunks), 0)
             parts = batch.split(self.setup.micro_batch_size)
             return MicroBatches(parts, np.arange(len(batch)), 0)
-        split = split_by_tokens(batch, max_tokens)
+        split = split_by_tokens(batch, max_tokens, whole_units=whole_units)
         if self.world_size > 1:
             most = int(self.accelerator.gather(torch.tensor([len(split.parts)], device=self.device)).max())
             if most > len(split.parts):
-                split = split_by_tokens(batch, max_tokens, min_micro_batches=most)
+                split = split_by_tokens(batch, max_tokens, min_micro_batches=most, whole_units=whole_units)
         return split
 
     def map_micro_batches(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
@@ -158,12 +163,14 @@ class ModelTrainer:
         parts = [forward(micro.to(self.device)).cpu() for micro in split.parts]
         return restore_order(parts, split.order, batch["responses"].shape[1])
 
-    def update(self, batch: Batch, micro_loss: MicroLoss) -> dict[str, float]:
+    def update(self, batch: Batch, micro_loss: MicroLoss, whole_units: bool = False) -> dict[str, float]:
         """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics.
 
         Token and sequence counts come from the host copy of the batch and metrics are summed
         on the device, so the loop's only host syncs are the gradient-norm check per optimizer
         step and one transfer of all metrics at the end. No gradient outlives the call.
+        `whole_units`: mini- and micro-batches never split a unit of rows (`micro_batches`): a loss
+        over preference pairs needs the chosen and the rejected row of each pair together.
         """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
@@ -172,14 +179,16 @@ class ModelTrainer:
         sums: dict[str, Metric] = {}
         weights: dict[str, float] = defaultdict(float)
         mini_size = math.ceil(len(batch) / self.setup.mini_batches)
+        minis = ([batch.index(c) for c in unit_chunks(batch, mini_size)] if whole_units and self.setup.mini_batches > 1
+                 else batch.split(mini_size))
         grad_norms: list[float] = []
         skipped = over_budget = micro_count = 0
         for _ in range(self.setup.epochs):
-            for mini in batch.split(mini_size):
+            for mini in minis:
                 num_tokens = self.global_sum(float(mini["response_mask"].sum()))
                 num_seqs = self.global_sum(float(len(mini)))
                 self.optimizer.zero_grad(set_to_none=True)
-                split = self.micro_batches(mini, self.setup.max_tokens_per_micro_batch)
+                split = self.micro_batches(mini, self.setup.max_tokens_per_micro_batch, whole_units)
                 micros, over_budget = split.parts, over_budget + split.over_budget
                 for i, micro in enumerate(micros):
                     tokens = float(micro["response_mask"].sum())
@@ -188,8 +197,9 @@ class ModelTrainer:
                             loss, metrics = micro_loss(micro.to(self.device), num_tokens, num_seqs)
                         self.accelerator.backward(loss * self.world_size)
                     for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + v * tokens
-                        weights[k] += tokens
+                        v, weight = v if isinstance(v, tuple) else (v, tokens)
+                        sums[k] = sums.get(k, 0.0) + v * weight
+                        weights[k] += weight
                 micro_count += len(micros)
                 grad_norm = float(self._clip_grad())  # the one host sync per optimizer step
                 grad_norms.append(grad_norm)
