@@ -175,3 +175,16 @@ def test_two_fsdp_ranks_on_ray_equal_one_rank(files):
     assert all(torch.equal(rank0[k], rank1[k]) for k in rank0)
     mean = sum(m["dpo/loss"] for m in metrics) / 2
     assert mean == pytest.approx(expected_metrics["dpo/loss"], rel=1e-5)
+
+
+def test_preflight_counts_pairs_and_their_rows(files):
+    from rlhf.runtime.preflight import batch_arithmetic, check_experiment
+    from rlhf_configs.dpo import dpo_experiment
+
+    graph = dpo_experiment(tiny_model_path(), files[0], files[1], batch_size=6, micro_batch_size=3, workers=3)
+    (dpo,) = batch_arithmetic(graph)
+    assert (dpo.prompts, dpo.n, dpo.samples, dpo.rows_per_worker, dpo.micro_batches) == (6, 2, 12, 4, 1)
+    graph.stages["dpo"].batch_size = 4  # 8 rows divide by 2 workers, but 4 pairs do not split over 3
+    (message,) = check_experiment(graph, cpus=16, gpus=0).errors
+    assert "batch_size = 4 preference pairs per step do not split evenly over 3" in message
+    assert "set:stages.dpo.batch_size=6" in message
