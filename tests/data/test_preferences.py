@@ -183,6 +183,7 @@ def test_batch_puts_chosen_and_rejected_side_by_side(tok):
     assert torch.equal(batch["position_ids"][0][batch["attention_mask"][0].bool()],
                        torch.arange(int(batch["attention_mask"][0].sum())))
     assert batch.meta["temperature"] == 1.0
+    assert list(batch["uid"]) == [2, 2, 0, 0] and batch["pair_index"].tolist() == [2, 2, 0, 0]
 
 
 def test_prompt_assistant_turns_carry_no_loss(tok):
@@ -209,7 +210,7 @@ def test_shuffled_resumes_exactly_and_in_order_covers_every_pair(tok):
         first = [next(run) for _ in range(6)]
         resumed = data.shuffled(2, seed=3, start_step=4, bucketed=bucketed)
         for a, b in zip(first[4:], [next(resumed), next(resumed)]):
-            assert all(torch.equal(a[k], b[k]) for k in a.keys())
+            assert all(torch.equal(a[k], b[k]) for k in a.tensors) and list(a["uid"]) == list(b["uid"])
     seen = torch.cat([b["margin"][::2] for b in data.in_order(3)])
     assert seen.tolist() == [float(k) for k in range(7)]
 
