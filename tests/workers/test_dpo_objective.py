@@ -123,3 +123,25 @@ def test_lora_reference_is_the_base_with_the_adapter_disabled(batch):
     for _ in range(5):
         last = w.update(batch)
     assert last["rewards/margins"] > 0.1 and last["rewards/accuracies"] > 0.5  # the adapter learns the pairs
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("loss", [DPOLoss(beta=0.5), SimPOLoss()], ids=["dpo", "simpo"])
+def test_on_cuda_fsdp_and_token_budgets_equal_ddp_and_bf16_learns(batch, loss):
+    """On one GPU: FSDP2 (NCCL, world size 1) and token-budget micro-batches give DDP's update; with bf16
+    compute on fp32 masters the pairs are learnt (the margin rises)."""
+    ddp = worker(loss, strategy="ddp")
+    assert ddp.trainer.device.type == "cuda"
+    ddp.update(batch)
+    for training in (dict(strategy="fsdp"), dict(strategy="fsdp", max_tokens_per_micro_batch=60)):
+        sharded = worker(loss, **training)
+        sharded.update(batch)
+        assert max_diff(sharded.parameters_digest(), ddp.parameters_digest()) < 1e-5, training
+    bf16 = PolicyWorker(tiny_model_path(), objective=DPOObjective(loss),
+                        ref_model_path=tiny_model_path() if loss.requires_reference else None,
+                        optimizer=lambda p: torch.optim.AdamW(p, lr=3e-3),
+                        training=TrainingSetup(strategy="fsdp", compute_dtype="bfloat16", micro_batch_size=4))
+    first = bf16.update(batch)
+    for _ in range(20):
+        last = bf16.update(batch)
+    assert last["rewards/margins"] > first["rewards/margins"] + 0.3 and last["rewards/accuracies"] == 1.0
