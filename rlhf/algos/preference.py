@@ -64,6 +64,11 @@ class PairLogProbs:
         return (self.chosen - self.ref_chosen) - (self.rejected - self.ref_rejected)
 
 
+def _check_beta(beta: float) -> None:
+    if beta <= 0:
+        raise ValueError(f"beta must be > 0, got {beta}")
+
+
 class PairLoss(NamedTuple):
     """A preference loss's per-pair outputs (P,): the loss and the implicit rewards its metrics report."""
 
@@ -107,8 +112,7 @@ class DPOLoss(PreferenceLoss):
     """
 
     def __init__(self, beta: float = 0.1, label_smoothing: float = 0.0, use_margin: bool = True):
-        if beta <= 0:
-            raise ValueError(f"beta must be > 0, got {beta}")
+        _check_beta(beta)
         if not 0 <= label_smoothing <= 0.5:
             raise ValueError(f"label_smoothing must be in [0, 0.5], got {label_smoothing}")
         self.beta = beta
@@ -133,8 +137,7 @@ class RobustDPOLoss(PreferenceLoss):
     """
 
     def __init__(self, beta: float = 0.1, label_smoothing: float = 0.1, use_margin: bool = True):
-        if beta <= 0:
-            raise ValueError(f"beta must be > 0, got {beta}")
+        _check_beta(beta)
         if not 0 <= label_smoothing < 0.5:
             raise ValueError(f"label_smoothing (the share of flipped labels) must be in [0, 0.5), got {label_smoothing}")
         self.beta = beta
@@ -163,8 +166,7 @@ class IPOLoss(PreferenceLoss):
     """
 
     def __init__(self, beta: float = 0.1, length_normalize: bool = True, use_margin: bool = True):
-        if beta <= 0:
-            raise ValueError(f"beta must be > 0, got {beta}")
+        _check_beta(beta)
         self.beta = beta
         self.length_normalize = length_normalize
         self.use_margin = use_margin
@@ -196,8 +198,7 @@ class SimPOLoss(PreferenceLoss):
     requires_reference = False
 
     def __init__(self, beta: float = 2.0, gamma: float = 1.0, use_margin: bool = True):
-        if beta <= 0:
-            raise ValueError(f"beta must be > 0, got {beta}")
+        _check_beta(beta)
         self.beta = beta
         self.gamma = gamma
         self.use_margin = use_margin
@@ -222,8 +223,7 @@ class RPOLoss(PreferenceLoss):
     """
 
     def __init__(self, beta: float = 0.1, alpha: float = 1.0, use_margin: bool = True):
-        if beta <= 0:
-            raise ValueError(f"beta must be > 0, got {beta}")
+        _check_beta(beta)
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         self.beta = beta

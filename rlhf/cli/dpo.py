@@ -13,6 +13,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from rlhf.cli.sft import add_run_flags
 from rlhf.cli.source_defaults import source_defaults
 
 __all__ = ["dpo_main", "dpo_parser"]
@@ -47,19 +48,7 @@ def dpo_parser() -> argparse.ArgumentParser:
                    help="prompt + completion tokens per side; longer pairs are dropped (counted in a warning)")
     p.add_argument("--test-freq", type=int, default=d["test_freq"], help="validate every k steps (and at the end)")
     p.add_argument("--save-freq", type=int, default=d["save_freq"], help="resumable checkpoint every k steps (0: none)")
-    p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
-    p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"])
-    p.add_argument("--compute-dtype", default=d["compute_dtype"], choices=["float32", "bfloat16"],
-                   help="matmul dtype (autocast); the trained weights and optimizer state stay float32")
-    alpha = source_defaults("rlhf.workers.lora", "LoRA")["alpha"]
-    p.add_argument("--lora-rank", type=int, default=None,
-                   help="train a LoRA adapter of this rank (the reference is then the base with it disabled)")
-    p.add_argument("--lora-alpha", type=float, default=None,
-                   help=f"with --lora-rank: the adapter's output is scaled by alpha / rank; None: {alpha:g}")
-    p.add_argument("--out", default="outputs", help="output folder: <out>/dpo/<time>/dpo/final is the model")
-    p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
-    p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_run_flags(p, d, "dpo")  # with --lora-rank the reference is the base with the adapter disabled
     return p
 
 

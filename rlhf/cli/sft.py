@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from rlhf.cli.source_defaults import source_defaults
 
-__all__ = ["sft_main", "sft_parser"]
+__all__ = ["add_run_flags", "sft_main", "sft_parser"]
 
 
 def sft_parser() -> argparse.ArgumentParser:
@@ -37,21 +37,27 @@ def sft_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=d["max_new_tokens"], help="for --accuracy")
     p.add_argument("--test-freq", type=int, default=d["test_freq"], help="validate every k steps (and at the end)")
     p.add_argument("--save-freq", type=int, default=d["save_freq"], help="resumable checkpoint every k steps (0: none)")
+    p.add_argument("--no-bucketing", action="store_true", help="random batches instead of length-bucketed ones")
+    add_run_flags(p, d, "sft")
+    return p
+
+
+def add_run_flags(p: argparse.ArgumentParser, d: dict, stage: str) -> None:
+    """The flags a training command shares (`rlhf sft`, `rlhf dpo`): workers, dtype, LoRA, output, runtime,
+    tracking; `d` is the stage builder's defaults, `stage` its name in the output path."""
     p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
     p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"])
     p.add_argument("--compute-dtype", default=d["compute_dtype"], choices=["float32", "bfloat16"],
                    help="matmul dtype (autocast); the trained weights and optimizer state stay float32")
-    p.add_argument("--no-bucketing", action="store_true", help="random batches instead of length-bucketed ones")
     alpha = source_defaults("rlhf.workers.lora", "LoRA")["alpha"]
     p.add_argument("--lora-rank", type=int, default=None,
                    help="train a LoRA adapter of this rank instead of all weights; None: full fine-tuning")
     p.add_argument("--lora-alpha", type=float, default=None,
                    help=f"with --lora-rank: the adapter's output is scaled by alpha / rank; None: {alpha:g}")
-    p.add_argument("--out", default="outputs", help="output folder: <out>/sft/<time>/sft/final is the model")
+    p.add_argument("--out", default="outputs", help=f"output folder: <out>/{stage}/<time>/{stage}/final is the model")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
     p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    return p
 
 
 def sft_main(argv: Sequence[str]) -> int:

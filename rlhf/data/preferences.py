@@ -57,8 +57,8 @@ from rlhf.data.files import (
     without_none,
 )
 from rlhf.data.schema import ROLES, DataError, _validate_prompt, is_preference_row, preference_file_hint, to_python
-from rlhf.data.sft import BAD, FITS, TOO_LONG, conversation_ids, length_bucketed_batches
-from rlhf.data.tokenize import left_pad, position_ids, right_pad, shuffled_batches
+from rlhf.data.sft import BAD, FITS, TOO_LONG, batch_order, conversation_ids
+from rlhf.data.tokenize import left_pad, position_ids, right_pad
 from rlhf.ranges import PositiveInt
 
 PREFERENCE_FIELDS = ("prompt", "chosen", "rejected", "margin", "data_source", "extra_info")
@@ -393,11 +393,7 @@ class PreferenceDataset:
         on (seed, k), so a run resumed at `start_step` sees what an uninterrupted one would.
 
         bucketed: pairs of similar lengths share a batch (`rlhf.data.sft.length_bucketed_batches`)."""
-        if bucketed:
-            order = length_bucketed_batches(self.lengths, batch_size, seed, start_step)
-        else:
-            order = shuffled_batches(len(self), batch_size, seed, start_step)
-        for indices in order:
+        for indices in batch_order(self.lengths, batch_size, seed, start_step, bucketed=bucketed):
             yield self.collate(indices)
 
     def in_order(self, batch_size: int) -> Iterator[Batch]:
@@ -414,9 +410,9 @@ def pairs_from_samples(
 ) -> dict | None:
     """The (best, worst) preference row of one prompt's scored samples; None when every score ties.
 
-    `row` is the prompt row (verl schema; its data_source and reward_model are kept); the scores go to `extra_info` (`chosen_score`, `rejected_score`),
-    and with `with_margin` their difference is the pair's `margin`. The first sample wins a tie for best
-    or worst (reproducible)."""
+    `row` is the prompt row (verl schema; its data_source and reward_model are kept); the scores go to
+    `extra_info` (`chosen_score`, `rejected_score`), and with `with_margin` their difference is the pair's
+    `margin`. The first sample wins a tie for best or worst (reproducible)."""
     if not responses:
         return None
     best = max(range(len(scores)), key=lambda k: (scores[k], -k))

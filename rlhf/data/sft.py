@@ -157,6 +157,16 @@ def length_bucketed_batches(
         step += 1
 
 
+def batch_order(
+    lengths: Sequence[int], batch_size: int, seed: int, start_step: int = 0, *, bucketed: bool
+) -> Iterator[list[int]]:
+    """Endless batches of indices, reshuffled each epoch from `seed` and resumable at `start_step`: length-bucketed
+    (`length_bucketed_batches`) or random (`shuffled_batches`). The order of SFTDataset and PreferenceDataset."""
+    if bucketed:
+        return length_bucketed_batches(lengths, batch_size, seed, start_step)
+    return shuffled_batches(len(lengths), batch_size, seed, start_step)
+
+
 def padding_fraction(batch: Batch) -> float:
     """Padded tokens / all tokens of the batch (its `attention_mask` is 0 on padding)."""
     mask = batch["attention_mask"]
@@ -314,11 +324,7 @@ class SFTDataset:
         bucketed: batches of similar lengths (see `length_bucketed_batches`) to cut padding; no default
           here: the trainer's (`SFTTrainer.bucketed`) is the one.
         """
-        if bucketed:
-            order = length_bucketed_batches(self.lengths, batch_size, seed, start_step)
-        else:
-            order = shuffled_batches(len(self), batch_size, seed, start_step)
-        for indices in order:
+        for indices in batch_order(self.lengths, batch_size, seed, start_step, bucketed=bucketed):
             yield self.collate(indices)
 
     def in_order(self, batch_size: int) -> Iterator[Batch]:
