@@ -45,7 +45,8 @@ PANEL = [
     # one-digit factors have too few distinct questions for 200 held-out rows (54); not screened at 1-2 digits
     'reasoning_gym/products={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}',
     'reasoning_gym/gcd={"min_value": 1, "max_value": 20}',
-    'reasoning_gym/lcm={"min_value": 1, "max_value": 12}',
+    # values 1-12 have only 70 distinct test questions; 1-30 chosen after that refusal, before any training
+    'reasoning_gym/lcm={"min_value": 1, "max_value": 30}',
 ]
 TARGETS = {"min_gain": 0.10, "mean_gain": 0.15, "not_below_base_lenient": True}
 
