@@ -20,10 +20,11 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +36,7 @@ from rlhf.agents.trajectory import ChatRenderer
 from rlhf.data.tokenize import chat_prompt_ids
 from rlhf.rollout.engine import RolloutEngine
 from rlhf.serve.completion import Completion
-from rlhf.serve.gateway import SessionStore
+from rlhf.serve.gateway import PlannedTurn, Session, SessionStore
 from rlhf.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
 from rlhf.serve.tool_calls import AssistantMessage, assistant_message, check_template_renders_tools, request_tools
@@ -86,6 +87,7 @@ class _Server:
         self.limits, self.api_key, self.tool_parser = limits, api_key, tool_parser
         self.names = {model_name, *model_aliases}
         self.created = int(time.time())
+        self.on_shutdown: list[Callable[[], None]] = []  # run once the scheduler has stopped
         self.scheduler = BatchScheduler(
             engine,
             max_batch_size=limits.max_batch_size,
@@ -101,6 +103,8 @@ class _Server:
             yield
         finally:
             await self.scheduler.close()
+            for callback in self.on_shutdown:
+                callback()
 
     # --------------------------------------------------------------- checks
     def authorize(self, request: Request) -> None:
@@ -301,6 +305,9 @@ def _openai_routes(app: FastAPI, server: _Server) -> None:
 def _session_routes(app: FastAPI, server: _Server, sessions: SessionStore) -> None:
     """Gateway mode: chat completions recorded per session, and the records (see rlhf.serve.gateway)."""
     v1 = [Depends(server.authorize)]
+    if sessions.max_model_len is None:
+        sessions.max_model_len = server.engine.max_model_len
+    server.on_shutdown.append(lambda: _log_lost_sessions(sessions))
 
     @app.post("/sessions/{session_id}/v1/chat/completions", dependencies=v1)
     async def session_chat(session_id: str, request: Request):
@@ -311,20 +318,16 @@ def _session_routes(app: FastAPI, server: _Server, sessions: SessionStore) -> No
                            "in n sessions to sample n conversations).", param="n")
         tools = request_tools(req, server.tool_parser)
         messages = [m.template_dict() for m in req.messages]
-        session = sessions.get(session_id)
-        async with session.lock:  # one turn at a time: each continues the ids of the last
-            try:
-                if tools:
-                    check_template_renders_tools(ChatRenderer(sessions.tokenizer, tools=tools), messages)
-                prompt = sessions.prompt_ids(session, messages, tools)
-            except ApiError:
-                raise
-            except Exception as err:  # the chat template rejected the messages
-                raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
-            choices = await server.run(server.chat_job(req, prompt))
+        async with sessions.open(session_id) as session:  # one turn at a time: each continues the ids of the last
+            planned = _plan(sessions, session, messages, tools)
+            job = server.chat_job(req, planned.prompt_ids)  # every check passes before anything is recorded
+            choices = await server.run(job)
+            replies = server.assistant_messages(req, choices, tools)
             temperature = 1.0 if not req.temperature else req.temperature  # the log-probs' (greedy: 1)
-            sessions.record(session, choices[0].token_ids, choices[0].log_probs, temperature)
-        return server.chat_reply(req, prompt, choices, server.assistant_messages(req, choices, tools))
+            (choice,) = choices
+            sessions.commit(session, planned, choice.token_ids, choice.log_probs, temperature, text=choice.text,
+                            reply=replies[0].to_dict())
+        return server.chat_reply(req, planned.prompt_ids, choices, replies)
 
     @app.get("/sessions/{session_id}", dependencies=v1)
     async def session_record(session_id: str) -> dict:
@@ -342,12 +345,38 @@ def _session_routes(app: FastAPI, server: _Server, sessions: SessionStore) -> No
         reward = body.get("reward") if isinstance(body, dict) else None
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
             raise ApiError(400, 'The body must be {"reward": <number>}.', param="reward")
-        session.trajectories[-1].rewards.append(float(reward))
-        return {"session": session_id, "rewards": session.trajectories[-1].rewards}
+        if not math.isfinite(reward):
+            raise ApiError(400, f"The reward must be a finite number, not {reward!r} (NaN, Infinity and numbers "
+                           "beyond a double's range have no place in a loss).", param="reward")
+        latest = session.trajectories[-1]
+        latest.rewards.append(float(reward))
+        return {"session": session_id, "rewards": latest.rewards}
 
     @app.delete("/sessions/{session_id}", dependencies=v1)
     async def session_drop(session_id: str) -> dict:
         return {"session": session_id, "deleted": sessions.drop(session_id)}
+
+
+def _plan(sessions: SessionStore, session: Session, messages: list[dict], tools: list[dict] | None) -> PlannedTurn:
+    """The session's plan for a request; a chat template that cannot render it (or ignores its tools) is a 400."""
+    try:
+        if tools:
+            check_template_renders_tools(ChatRenderer(sessions.tokenizer, tools=tools), messages)
+        return sessions.plan(session, messages, tools)
+    except ApiError:
+        raise
+    except Exception as err:  # the chat template rejected the messages
+        raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
+
+
+def _log_lost_sessions(sessions: SessionStore) -> None:
+    """Sessions live in memory only: say what a shutdown loses."""
+    held, trajectories = sessions.held()
+    if held:
+        log.warning("gateway: %d session(s) holding %d trajectories lived in this server's memory only and are lost "
+                    "at shutdown (fetch GET /sessions/ID before stopping the server)", held, trajectories)
+    else:
+        log.info("gateway: no session held at shutdown")
 
 
 def _too_large(limit: int) -> ApiError:

@@ -1,0 +1,216 @@
+"""The gateway's sessions as an outside agent sees them (issue 34, item 7): a refused request records nothing,
+a retry replaces the turn its client never received, the agent's own messages are followed (an edited reply
+forks, flagged, keeping the recorded ids before it), a stop string's text never reaches the record, rewards
+must be finite, and a shutdown says how many sessions (held in memory only) it loses."""
+
+import json
+import logging
+
+import httpx
+import pytest
+
+from rlhf.agents import Trajectory, trajectory_batch
+from rlhf.batch import Batch
+from rlhf.serve import BackgroundServer, build_app
+from rlhf.serve.gateway import SessionStore
+
+openai = pytest.importorskip("openai")
+
+MODEL = "tiny"
+
+
+class ScriptedEngine:
+    """An engine whose replies are given: texts (tokenised, then EOS) or exact token ids (a sampled, possibly
+    non-canonical tokenisation). The server's own path (template, checks, gateway) runs for real around it;
+    it records every prompt it was given."""
+
+    def __init__(self, tokenizer, eos_token_ids, replies, max_model_len: int = 512):
+        self.tokenizer, self.eos_token_ids, self.pad_token_id = tokenizer, list(eos_token_ids), tokenizer.pad_token_id
+        self.replies, self.prompts, self.max_model_len = list(replies), [], max_model_len
+
+    def generate(self, batch: Batch, sampling, seed=None) -> Batch:
+        import torch
+
+        rows = []
+        for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
+            self.prompts.append(ids[mask.bool()].tolist())
+            reply = self.replies.pop(0)
+            rows.append(list(reply) if isinstance(reply, list) else
+                        self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.eos_token_ids[0]])
+        width = max(len(r) for r in rows)
+        responses = torch.full((len(rows), width), self.pad_token_id)
+        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, r in enumerate(rows):
+            responses[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
+        return Batch({"responses": responses, "response_mask": mask, "rollout_log_probs": -0.25 * mask.float()})
+
+
+@pytest.fixture
+def gateway(engine):
+    """A session gateway around a scripted engine with the tiny model's tokenizer; `gateway(replies)`."""
+    servers = []
+
+    def start(replies, max_model_len: int = 512):
+        scripted = ScriptedEngine(engine.tokenizer, engine.eos_token_ids, replies, max_model_len)
+        server = BackgroundServer(build_app(scripted, MODEL, sessions=SessionStore(
+            engine.tokenizer, engine.eos_token_ids))).__enter__()
+        servers.append(server)
+        return server, scripted
+
+    yield start
+    for server in servers:
+        server.__exit__(None, None, None)
+
+
+def chat(server, session: str, messages: list, **kwargs):
+    client = openai.OpenAI(base_url=f"{server.url}/sessions/{session}/v1", api_key="unused", max_retries=0)
+    return client.chat.completions.create(model=MODEL, messages=messages, **kwargs).choices[0]
+
+
+def record(server, session: str) -> list[Trajectory]:
+    return [Trajectory.from_dict(t) for t in httpx.get(f"{server.url}/sessions/{session}").json()["trajectories"]]
+
+
+def test_a_refused_request_records_nothing_and_its_resend_continues_the_same_trajectory(engine):
+    """max_tokens beyond the context, then an observation the context cannot hold (a 655-id conversation on a
+    512-token model): each is a 400 that leaves the record as it was; the request sent again afterwards
+    continues the one trajectory token-exactly. A session whose only request was refused is not kept."""
+    with BackgroundServer(build_app(engine, MODEL, sessions=SessionStore(engine.tokenizer,
+                                                                         engine.eos_token_ids))) as server:
+        messages = [{"role": "user", "content": "Name a city."}]
+        reply = chat(server, "s", messages, max_tokens=4, seed=0).message.content
+        before = httpx.get(f"{server.url}/sessions/s").json()
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Another."}]
+        with pytest.raises(openai.BadRequestError, match="above this server's limit"):
+            chat(server, "s", messages, max_tokens=5000)
+        with pytest.raises(openai.BadRequestError, match="maximum context length is 512"):
+            chat(server, "s", messages, max_tokens=500)
+        with pytest.raises(openai.BadRequestError, match="context"):
+            chat(server, "s", [*messages[:-1], {"role": "tool", "content": "x" * 600}], max_tokens=4)
+        assert httpx.get(f"{server.url}/sessions/s").json() == before
+        chat(server, "s", messages, max_tokens=4, seed=1)
+        (t,) = record(server, "s")
+        first = Trajectory.from_dict(before["trajectories"][0])
+        assert len(t.turns) == 2 and t.all_ids[: len(first.all_ids)] == first.all_ids
+        assert len(t.all_ids) <= 512 and t.max_response_tokens == 512 - len(t.prompt_ids)
+        with pytest.raises(openai.BadRequestError):
+            chat(server, "refused", [{"role": "user", "content": "x" * 600}], max_tokens=4)
+        assert httpx.get(f"{server.url}/sessions/refused").status_code == 404
+
+
+def test_a_retry_of_the_same_messages_replaces_the_turn_the_client_never_received(gateway):
+    """Identical messages after a reply mean the reply did not arrive (a timeout, a client retry): the new
+    reply takes its place in the same trajectory, and the lost one is never trained; the reward lands on it."""
+    server, scripted = gateway(["Lost.", "Paris.", "Lost too.", "Lyon."])
+    messages = [{"role": "user", "content": "Name a city."}]
+    chat(server, "r", messages)  # "Lost.": the client never saw it
+    messages.append({"role": "assistant", "content": chat(server, "r", messages).message.content})
+    messages.append({"role": "user", "content": "Another."})
+    chat(server, "r", messages)  # "Lost too."
+    assert chat(server, "r", messages).message.content == "Lyon."
+    assert scripted.prompts[0] == scripted.prompts[1] and scripted.prompts[2] == scripted.prompts[3]
+    httpx.post(f"{server.url}/sessions/r/reward", json={"reward": 1.0})
+    (t,) = record(server, "r")
+    assert [m["content"] for m in t.messages] == ["Name a city.", "Paris.", "Another.", "Lyon."]
+    assert "Lost" not in engine_text(server, t) and t.info["retried_turns"] == 2 and t.rewards == [1.0]
+    assert len(t.turns) == 2 and t.temperatures == [1.0, 1.0]
+
+
+def engine_text(server, t: Trajectory) -> str:
+    from rlhf.models.loading import load_tokenizer
+    from helpers import tiny_model_path
+
+    return load_tokenizer(tiny_model_path()).decode(t.all_ids)
+
+
+def test_an_edited_reply_is_followed_from_the_last_reply_that_still_matches_and_flagged(gateway):
+    """The agent rewrites its second reply: the recorded trajectory stays as it was; a new one keeps the
+    recorded ids through the first reply (token-exact) and renders the agent's messages from there (mask 0).
+    Sampling again from an earlier request forks from that request's own prompt ids."""
+    server, scripted = gateway(["One.", "Two.", "Three.", "Again."])
+    messages = [{"role": "user", "content": "Count."}]
+    messages.append({"role": "assistant", "content": chat(server, "e", messages).message.content})
+    messages.append({"role": "user", "content": "Next."})
+    chat(server, "e", messages)  # "Two."
+    edited = [*messages, {"role": "assistant", "content": "TWO!"}, {"role": "user", "content": "Next."}]
+    chat(server, "e", edited)  # "Three."
+    chat(server, "e", messages[:1])  # the first request again: a fork from its prompt, not a retry of the last
+    original, diverged, forked = record(server, "e")
+    assert [m["content"] for m in original.messages] == ["Count.", "One.", "Next.", "Two."]
+    end_of_one = len(original.prompt_ids) + original.turns[0][1]
+    assert diverged.prompt_ids == original.all_ids[:end_of_one] and diverged.info == {"diverged": 1}
+    assert scripted.prompts[2] == diverged.prompt_ids + diverged.response_ids[: diverged.turns[0][0]]
+    rendered = engine_text(server, diverged)
+    assert "TWO!" in rendered and "Two." not in rendered and set(diverged.loss_mask[: diverged.turns[0][0]]) == {0}
+    assert forked.prompt_ids == original.prompt_ids and forked.info == {"forked": 1}
+
+
+def test_a_reply_cut_by_a_stop_string_is_recorded_as_the_text_the_client_received(gateway, engine):
+    server, _ = gateway(["It is 42. STOP and then more", "Sure."])
+    messages = [{"role": "user", "content": "Answer?"}]
+    reply = chat(server, "stop", messages, stop=["STOP"]).message.content
+    assert reply == "It is 42. "
+    messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Sure?"}]
+    chat(server, "stop", messages)
+    (t,) = record(server, "stop")
+    tok = engine.tokenizer
+    start, end = t.turns[0]
+    assert tok.decode(t.response_ids[start:end]) == "It is 42. " and t.messages[1]["content"] == reply
+    # what the model is shown next is one render of the conversation the agent holds
+    assert tok.decode(t.all_ids[: len(t.prompt_ids) + t.turns[1][0]]) == tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False)
+
+
+@pytest.mark.parametrize("body", [b'{"reward": NaN}', b'{"reward": Infinity}', b'{"reward": -Infinity}',
+                                  b'{"reward": 1e400}'])
+def test_a_reward_that_is_not_a_finite_number_is_a_400(gateway, body):
+    server, _ = gateway(["Hi."])
+    chat(server, "w", [{"role": "user", "content": "Hello."}])
+    response = httpx.post(f"{server.url}/sessions/w/reward", content=body, headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "finite number" in response.json()["error"]["message"]
+    assert record(server, "w")[0].rewards == []
+
+
+def test_a_shutdown_logs_the_sessions_it_loses(engine, caplog):
+    scripted = ScriptedEngine(engine.tokenizer, engine.eos_token_ids, ["Hi.", "Hey."])
+    with caplog.at_level(logging.INFO, logger="rlhf.serve"):
+        with BackgroundServer(build_app(scripted, MODEL, sessions=SessionStore(
+                engine.tokenizer, engine.eos_token_ids))) as server:
+            for session in ("a", "b"):
+                chat(server, session, [{"role": "user", "content": "Hello."}])
+    lost = [r.getMessage() for r in caplog.records if "lost at shutdown" in r.getMessage()]
+    assert lost and lost[0].startswith("gateway: 2 session(s) holding 2 trajectories")
+
+
+@pytest.mark.real_model
+def test_smollm2_sampled_tokenisation_survives_a_refused_request_and_a_stop_string_inside_a_token(smollm2_path):
+    """SmolLM2's BPE: a turn sampled as 'Bas','il','is' (canonical: 'Bas','ilis'). After a refused request the
+    resent one continues the recorded ids, never a re-tokenisation; a stop string that begins inside the token
+    'il' leaves the sampled 'Bas' (trained) and the received 'i' (context), and nothing the client never saw."""
+    from rlhf.models.loading import load_tokenizer
+
+    tok = load_tokenizer(smollm2_path)
+    bas, il, is_ = (tok(s, add_special_tokens=False)["input_ids"][0] for s in ("Bas", "il", "is"))
+    scripted = ScriptedEngine(tok, [tok.eos_token_id], [[bas, il, is_, tok.eos_token_id], "Yes.",
+                                                        [bas, il, is_, tok.eos_token_id]], max_model_len=8192)
+    with BackgroundServer(build_app(scripted, "smollm2", sessions=SessionStore(tok, [tok.eos_token_id]))) as server:
+        client = openai.OpenAI(base_url=f"{server.url}/sessions/b/v1", api_key="unused", max_retries=0)
+        messages = [{"role": "user", "content": "A name?"}]
+        reply = client.chat.completions.create(model="smollm2", messages=messages).choices[0].message.content
+        messages += [{"role": "assistant", "content": reply}, {"role": "user", "content": "Sure?"}]
+        with pytest.raises(openai.BadRequestError):
+            client.chat.completions.create(model="smollm2", messages=messages, max_tokens=9000)
+        client.chat.completions.create(model="smollm2", messages=messages)
+        (t,) = record(server, "b")
+        assert t.response_ids[t.turns[0][0]: t.turns[0][1]] == [bas, il, is_, tok.eos_token_id]
+        assert scripted.prompts[1] == t.all_ids[: len(scripted.prompts[1])]
+
+        client = openai.OpenAI(base_url=f"{server.url}/sessions/c/v1", api_key="unused", max_retries=0)
+        cut = client.chat.completions.create(model="smollm2", messages=messages[:1], stop=["l"])
+        assert cut.choices[0].message.content == "Basi"
+        (t,) = record(server, "c")
+        start, end = t.turns[0]
+        assert t.response_ids[start:end] == [bas] and tok.decode(t.response_ids[start:]) == "Basi"
+        assert t.loss_mask[start:] == [1] + [0] * (len(t.response_ids) - start - 1)
+        batch = trajectory_batch([t], Batch({}, {"uid": ["c"], "extra_info": [{}]}), tok.pad_token_id, None, 64)
+        assert batch["response_mask"].sum() == 1 and json.dumps(t.to_dict())
