@@ -301,13 +301,13 @@ def _copy(recording: Recording, turns: list[TurnRecord]) -> Recording:
 def _cut(recording: Recording, j: int) -> Recording:
     """The recording as it was before its turn `j` (its own, the last) was generated."""
     t, turn = recording.trajectory, recording.turns[j]
-    keep = turn.start - len(t.prompt_ids)
+    keep = turn.start - len(t.prompt_ids)  # response ids before the turn
+    spans = [span for span in t.turns if span[1] <= keep]
     previous = recording.turns[j - 1] if j else None
     cut = dataclasses.replace(
         copy.deepcopy(t), response_ids=t.response_ids[:keep], loss_mask=t.loss_mask[:keep],
-        log_probs=t.log_probs[:keep], messages=copy.deepcopy(t.messages[: turn.request]),
-        turns=[span for span in t.turns if span[1] <= keep], temperatures=t.temperatures[: len(
-            [span for span in t.turns if span[1] <= keep])], finish_reason=None, max_response_tokens=_UNBOUNDED,
+        log_probs=t.log_probs[:keep], messages=copy.deepcopy(t.messages[: turn.request]), turns=spans,
+        temperatures=t.temperatures[: len(spans)], finish_reason=None, max_response_tokens=_UNBOUNDED,
         turn_stopped=previous.stopped if previous is not None else True,
     )
     return Recording(cut, recording.renderer, recording.turns[:j])

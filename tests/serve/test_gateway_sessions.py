@@ -5,6 +5,7 @@ must be finite, and a shutdown says how many sessions (held in memory only) it l
 
 import json
 import logging
+from types import SimpleNamespace
 
 import httpx
 import pytest
@@ -13,36 +14,11 @@ from rlhf.agents import Trajectory, trajectory_batch
 from rlhf.batch import Batch
 from rlhf.serve import BackgroundServer, build_app
 from rlhf.serve.gateway import SessionStore
+from test_tool_calls import ScriptedEngine
 
 openai = pytest.importorskip("openai")
 
 MODEL = "tiny"
-
-
-class ScriptedEngine:
-    """An engine whose replies are given: texts (tokenised, then EOS) or exact token ids (a sampled, possibly
-    non-canonical tokenisation). The server's own path (template, checks, gateway) runs for real around it;
-    it records every prompt it was given."""
-
-    def __init__(self, tokenizer, eos_token_ids, replies, max_model_len: int = 512):
-        self.tokenizer, self.eos_token_ids, self.pad_token_id = tokenizer, list(eos_token_ids), tokenizer.pad_token_id
-        self.replies, self.prompts, self.max_model_len = list(replies), [], max_model_len
-
-    def generate(self, batch: Batch, sampling, seed=None) -> Batch:
-        import torch
-
-        rows = []
-        for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
-            self.prompts.append(ids[mask.bool()].tolist())
-            reply = self.replies.pop(0)
-            rows.append(list(reply) if isinstance(reply, list) else
-                        self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.eos_token_ids[0]])
-        width = max(len(r) for r in rows)
-        responses = torch.full((len(rows), width), self.pad_token_id)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, r in enumerate(rows):
-            responses[i, : len(r)], mask[i, : len(r)] = torch.tensor(r), 1
-        return Batch({"responses": responses, "response_mask": mask, "rollout_log_probs": -0.25 * mask.float()})
 
 
 @pytest.fixture
@@ -51,7 +27,7 @@ def gateway(engine):
     servers = []
 
     def start(replies, max_model_len: int = 512):
-        scripted = ScriptedEngine(engine.tokenizer, engine.eos_token_ids, replies, max_model_len)
+        scripted = ScriptedEngine(engine, replies, max_model_len)
         server = BackgroundServer(build_app(scripted, MODEL, sessions=SessionStore(
             engine.tokenizer, engine.eos_token_ids))).__enter__()
         servers.append(server)
@@ -98,7 +74,7 @@ def test_a_refused_request_records_nothing_and_its_resend_continues_the_same_tra
         assert httpx.get(f"{server.url}/sessions/refused").status_code == 404
 
 
-def test_a_retry_of_the_same_messages_replaces_the_turn_the_client_never_received(gateway):
+def test_a_retry_of_the_same_messages_replaces_the_turn_the_client_never_received(gateway, engine):
     """Identical messages after a reply mean the reply did not arrive (a timeout, a client retry): the new
     reply takes its place in the same trajectory, and the lost one is never trained; the reward lands on it."""
     server, scripted = gateway(["Lost.", "Paris.", "Lost too.", "Lyon."])
@@ -112,18 +88,11 @@ def test_a_retry_of_the_same_messages_replaces_the_turn_the_client_never_receive
     httpx.post(f"{server.url}/sessions/r/reward", json={"reward": 1.0})
     (t,) = record(server, "r")
     assert [m["content"] for m in t.messages] == ["Name a city.", "Paris.", "Another.", "Lyon."]
-    assert "Lost" not in engine_text(server, t) and t.info["retried_turns"] == 2 and t.rewards == [1.0]
+    assert "Lost" not in engine.tokenizer.decode(t.all_ids) and t.info["retried_turns"] == 2 and t.rewards == [1.0]
     assert len(t.turns) == 2 and t.temperatures == [1.0, 1.0]
 
 
-def engine_text(server, t: Trajectory) -> str:
-    from rlhf.models.loading import load_tokenizer
-    from helpers import tiny_model_path
-
-    return load_tokenizer(tiny_model_path()).decode(t.all_ids)
-
-
-def test_an_edited_reply_is_followed_from_the_last_reply_that_still_matches_and_flagged(gateway):
+def test_an_edited_reply_is_followed_from_the_last_reply_that_still_matches_and_flagged(gateway, engine):
     """The agent rewrites its second reply: the recorded trajectory stays as it was; a new one keeps the
     recorded ids through the first reply (token-exact) and renders the agent's messages from there (mask 0).
     Sampling again from an earlier request forks from that request's own prompt ids."""
@@ -140,7 +109,7 @@ def test_an_edited_reply_is_followed_from_the_last_reply_that_still_matches_and_
     end_of_one = len(original.prompt_ids) + original.turns[0][1]
     assert diverged.prompt_ids == original.all_ids[:end_of_one] and diverged.info == {"diverged": 1}
     assert scripted.prompts[2] == diverged.prompt_ids + diverged.response_ids[: diverged.turns[0][0]]
-    rendered = engine_text(server, diverged)
+    rendered = engine.tokenizer.decode(diverged.all_ids)
     assert "TWO!" in rendered and "Two." not in rendered and set(diverged.loss_mask[: diverged.turns[0][0]]) == {0}
     assert forked.prompt_ids == original.prompt_ids and forked.info == {"forked": 1}
 
@@ -172,7 +141,7 @@ def test_a_reward_that_is_not_a_finite_number_is_a_400(gateway, body):
 
 
 def test_a_shutdown_logs_the_sessions_it_loses(engine, caplog):
-    scripted = ScriptedEngine(engine.tokenizer, engine.eos_token_ids, ["Hi.", "Hey."])
+    scripted = ScriptedEngine(engine, ["Hi.", "Hey."])
     with caplog.at_level(logging.INFO, logger="rlhf.serve"):
         with BackgroundServer(build_app(scripted, MODEL, sessions=SessionStore(
                 engine.tokenizer, engine.eos_token_ids))) as server:
@@ -191,8 +160,9 @@ def test_smollm2_sampled_tokenisation_survives_a_refused_request_and_a_stop_stri
 
     tok = load_tokenizer(smollm2_path)
     bas, il, is_ = (tok(s, add_special_tokens=False)["input_ids"][0] for s in ("Bas", "il", "is"))
-    scripted = ScriptedEngine(tok, [tok.eos_token_id], [[bas, il, is_, tok.eos_token_id], "Yes.",
-                                                        [bas, il, is_, tok.eos_token_id]], max_model_len=8192)
+    smollm2 = SimpleNamespace(tokenizer=tok, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id])
+    scripted = ScriptedEngine(smollm2, [[bas, il, is_, tok.eos_token_id], "Yes.", [bas, il, is_, tok.eos_token_id]],
+                              max_model_len=8192)
     with BackgroundServer(build_app(scripted, "smollm2", sessions=SessionStore(tok, [tok.eos_token_id]))) as server:
         client = openai.OpenAI(base_url=f"{server.url}/sessions/b/v1", api_key="unused", max_retries=0)
         messages = [{"role": "user", "content": "A name?"}]
