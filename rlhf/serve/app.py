@@ -71,6 +71,7 @@ def build_app(
     server = _Server(engine, model_name, limits, api_key, model_aliases, tool_parser)
     app = FastAPI(title="rlhf serve", lifespan=server.lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     app.state.scheduler = server.scheduler
+    app.state.on_shutdown = server.on_shutdown  # callables run once the scheduler has stopped (`rlhf serve`'s log)
     _error_handlers(app)
     _openai_routes(app, server)
     if sessions is not None:
@@ -307,7 +308,6 @@ def _session_routes(app: FastAPI, server: _Server, sessions: SessionStore) -> No
     v1 = [Depends(server.authorize)]
     if sessions.max_model_len is None:
         sessions.max_model_len = server.engine.max_model_len
-    server.on_shutdown.append(lambda: _log_lost_sessions(sessions))
 
     @app.post("/sessions/{session_id}/v1/chat/completions", dependencies=v1)
     async def session_chat(session_id: str, request: Request):
@@ -367,16 +367,6 @@ def _plan(sessions: SessionStore, session: Session, messages: list[dict], tools:
         raise
     except Exception as err:  # the chat template rejected the messages
         raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
-
-
-def _log_lost_sessions(sessions: SessionStore) -> None:
-    """Sessions live in memory only: say what a shutdown loses."""
-    held, trajectories = sessions.held()
-    if held:
-        log.warning("gateway: %d session(s) holding %d trajectories lived in this server's memory only and are lost "
-                    "at shutdown (fetch GET /sessions/ID before stopping the server)", held, trajectories)
-    else:
-        log.info("gateway: no session held at shutdown")
 
 
 def _too_large(limit: int) -> ApiError:

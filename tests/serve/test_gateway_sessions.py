@@ -140,15 +140,21 @@ def test_a_reward_that_is_not_a_finite_number_is_a_400(gateway, body):
     assert record(server, "w")[0].rewards == []
 
 
-def test_a_shutdown_logs_the_sessions_it_loses(engine, caplog):
-    scripted = ScriptedEngine(engine, ["Hi.", "Hey."])
+def test_rlhf_serve_logs_the_sessions_a_shutdown_loses(caplog):
+    """`rlhf serve MODEL --sessions` keeps sessions in memory only; stopping it (SIGTERM: uvicorn's shutdown, run
+    here by the same `should_exit`) says how many sessions and trajectories are lost."""
+    from helpers import tiny_model_path
+
+    from rlhf.serve.server import app_from_args, parse_args
+
+    app = app_from_args(parse_args([tiny_model_path(), "--served-model-name", MODEL, "--sessions"]))
     with caplog.at_level(logging.INFO, logger="rlhf.serve"):
-        with BackgroundServer(build_app(scripted, MODEL, sessions=SessionStore(
-                engine.tokenizer, engine.eos_token_ids))) as server:
+        with BackgroundServer(app) as server:
             for session in ("a", "b"):
-                chat(server, session, [{"role": "user", "content": "Hello."}])
+                chat(server, session, [{"role": "user", "content": "Hello."}], max_tokens=2)
     lost = [r.getMessage() for r in caplog.records if "lost at shutdown" in r.getMessage()]
-    assert lost and lost[0].startswith("gateway: 2 session(s) holding 2 trajectories")
+    assert lost == ["gateway: 2 session(s) holding 2 trajectories lived in this server's memory only and are lost "
+                    "at shutdown (fetch GET /sessions/ID before stopping the server)"]
 
 
 @pytest.mark.real_model
