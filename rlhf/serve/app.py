@@ -321,6 +321,7 @@ def _session_routes(app: FastAPI, server: _Server, sessions: SessionStore) -> No
         async with sessions.open(session_id) as session:  # one turn at a time: each continues the ids of the last
             planned = _plan(sessions, session, messages, tools)
             job = server.chat_job(req, planned.prompt_ids)  # every check passes before anything is recorded
+            job.max_tokens = min(job.max_tokens, planned.room)  # the reply ends where the record must
             choices = await server.run(job)
             replies = server.assistant_messages(req, choices, tools)
             temperature = 1.0 if not req.temperature else req.temperature  # the log-probs' (greedy: 1)

@@ -79,6 +79,7 @@ class PlannedTurn:
     recording: Recording  # a new object: the session holds it only once `commit` has recorded the reply
     replaces: Recording | None  # the session's recording it takes the place of (continued, or retried)
     kind: str  # "continue", "retry", "fork", "diverge" or "new"
+    room: int = _UNBOUNDED  # tokens the reply may have within the store's max_response_tokens
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -184,6 +185,7 @@ class SessionStore:
             raise ApiError(400, f"This session's conversation has {response} tokens after its prompt, the "
                            f"server's limit (max_response_tokens={self.max_response_tokens}) or more; start a new "
                            "session.", param="messages", code="context_length_exceeded")
+        planned.room = self.max_response_tokens - response
         return planned
 
     def commit(

@@ -26,10 +26,10 @@ def gateway(engine):
     """A session gateway around a scripted engine with the tiny model's tokenizer; `gateway(replies)`."""
     servers = []
 
-    def start(replies, max_model_len: int = 512):
+    def start(replies, max_model_len: int = 512, **store):
         scripted = ScriptedEngine(engine, replies, max_model_len)
         server = BackgroundServer(build_app(scripted, MODEL, sessions=SessionStore(
-            engine.tokenizer, engine.eos_token_ids))).__enter__()
+            engine.tokenizer, engine.eos_token_ids, **store))).__enter__()
         servers.append(server)
         return server, scripted
 
@@ -128,6 +128,14 @@ def test_a_reply_cut_by_a_stop_string_is_recorded_as_the_text_the_client_receive
     # what the model is shown next is one render of the conversation the agent holds
     assert tok.decode(t.all_ids[: len(t.prompt_ids) + t.turns[1][0]]) == tok.apply_chat_template(
         messages, add_generation_prompt=True, tokenize=False)
+
+
+def test_a_reply_ends_where_the_sessions_budget_does_so_the_record_holds_all_the_client_got(gateway, engine):
+    server, _ = gateway(["Hello there, friend."], max_response_tokens=12)
+    choice = chat(server, "budget", [{"role": "user", "content": "Hi."}])
+    assert choice.message.content == "Hello there," and choice.finish_reason == "length"
+    (t,) = record(server, "budget")
+    assert engine.tokenizer.decode(t.response_ids) == "Hello there," and t.finish_reason is None
 
 
 @pytest.mark.parametrize("body", [b'{"reward": NaN}', b'{"reward": Infinity}', b'{"reward": -Infinity}',
