@@ -6,68 +6,13 @@ scores every sampled token, and the per-token reverse KL, the advantage, falls: 
 token in 8 steps (lr 3e-2), and 2.76 -> 0.34 with the top-4 forward KL added (top-4 overlap 0.01 -> 0.69).
 """
 
-import fiddle as fdl
 import pytest
 import torch
 
-from helpers import run_capturing, tiny_model_path
-from rlhf.algos import GRPO, PPOClipLoss
-from rlhf.data.generators import arithmetic_rows
-from rlhf.data.prompts import PromptDataset
-from rlhf.data.sft import SFTDataset
-from rlhf.models.loading import load_tokenizer
-from rlhf.rewards.arithmetic import exact_match_score
-from rlhf.rewards.manager import RewardManager
-from rlhf.rollout.sampling import SamplingParams
-from rlhf.runtime.experiment import Experiment, run_experiment
-from rlhf.runtime.local import LocalRuntime
-from rlhf.runtime.remote import StageOutput
-from rlhf.trainers.rl import RLTrainer
-from rlhf.trainers.sft import SFTTrainer
-from rlhf.workers.objectives import PolicyObjective, SFTObjective
-from rlhf.workers.training import TrainingSetup
-from rlhf_configs.algorithms import use_distillation
-from rlhf_configs.pieces import policy_group
+from helpers import distillation_graph, run_capturing
+from rlhf.runtime.experiment import run_experiment
 
-STEPS = 8
-
-
-def teacher_stage(tokenizer, rows) -> fdl.Config[SFTTrainer]:
-    """40 SFT steps of the tiny model on the additions: a teacher far more sure of its answers than the student."""
-    return fdl.Config(
-        SFTTrainer,
-        policy=policy_group(model_path=tiny_model_path(), objective=fdl.Config(SFTObjective),
-                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-3),
-                            training=fdl.Config(TrainingSetup, micro_batch_size=64)),
-        data=fdl.Config(SFTDataset, rows=rows, tokenizer=tokenizer),
-        batch_size=64, total_steps=40, bucketed=False,
-    )
-
-
-def distillation_graph(out: str, teacher=None, top_k: int = 0, steps: int = STEPS) -> fdl.Config[Experiment]:
-    """The untrained tiny model distilled from `teacher` (a folder; None: a stage "teacher" makes one first)."""
-    student = tiny_model_path()
-    tokenizer = fdl.Config(load_tokenizer, student)
-    rows = fdl.Config(arithmetic_rows, n=512, seed=0, split="train")
-    stages = {}
-    if teacher is None:
-        stages["teacher"] = teacher_stage(tokenizer, rows)
-        teacher = fdl.Config(StageOutput, stage="teacher")
-    opd = fdl.Config(
-        RLTrainer,
-        policy=policy_group(model_path=student, objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss)),
-                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-2),
-                            training=fdl.Config(TrainingSetup, micro_batch_size=64)),
-        tokenizer=tokenizer,
-        train_data=fdl.Config(PromptDataset, rows=rows, tokenizer=tokenizer),
-        reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
-        advantage=fdl.Config(GRPO),
-        sampling=fdl.Config(SamplingParams, n=4, temperature=1.0, max_new_tokens=6),
-        prompts_per_step=8, total_steps=steps, records=None,
-    )
-    use_distillation(opd, teacher, top_k=top_k)
-    return fdl.Config(Experiment, name="opd_tiny", stages={**stages, "opd": opd},
-                      runtime=fdl.Config(LocalRuntime), tracker=None, output_dir=out, progress=False)
+STEPS = 8  # distillation_graph's
 
 
 @pytest.fixture(scope="module")
