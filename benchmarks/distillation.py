@@ -226,7 +226,7 @@ def sft_rows(s: dict, teacher: str, workdir: Path) -> tuple[Path, float]:
     rows = [{k: v for k, v in row.items() if k not in ("responses", "response_lengths", "generation_settings",
                                                         "row_index", "prompt_length", "scores")}
             | {"extra_info": {**(row.get("extra_info") or {}), "teacher_response": row["responses"][0]}}
-            for row in read_rows(str(out.with_suffix(".parquet")))]
+            for row in read_rows(str(out.with_suffix(".parquet")))[0]]
     path = workdir / "sft-teacher-samples.parquet"
     write_rows(rows, path)
     return path, minutes
@@ -291,11 +291,14 @@ def summarise(method: str, row: dict, metric: str, teacher_accuracy: float, base
             "minutes_to_90pct_teacher": minutes_to(curve, metric, 0.9 * teacher_accuracy)}
 
 
-def verdict(methods: dict[str, dict]) -> dict:
-    """Whether OPD reached 90% of the teacher in at most a third of GRPO's time (or GRPO never did while OPD did)."""
+def verdict(methods: dict[str, dict], teacher_accuracy: float, base_accuracy: float) -> dict:
+    """Whether OPD reached 90% of the teacher in at most a third of GRPO's time (or GRPO never did while OPD did);
+    None when the comparison means nothing: the student starts at or above 90% of its teacher."""
     opd = methods.get("opd", {}).get("minutes_to_90pct_teacher")
     grpo = methods.get("grpo", {}).get("minutes_to_90pct_teacher")
-    if opd is None:
+    if base_accuracy >= 0.9 * teacher_accuracy:
+        met = None  # both "reach" it at minute 0
+    elif opd is None:
         met = False
     elif grpo is None:
         met = "grpo" in methods and "error" not in methods["grpo"]
@@ -303,7 +306,9 @@ def verdict(methods: dict[str, dict]) -> dict:
         met = opd <= TARGET_RATIO * grpo
     return {"opd_minutes": opd, "grpo_minutes": grpo, "ratio": round(opd / grpo, 3) if opd and grpo else None,
             "target": "OPD reaches 90% of the teacher's held-out accuracy in <= 1/3 of GRPO's training time, or "
-                      "GRPO never reaches it within its budget while OPD does", "met": met}
+                      "GRPO never reaches it within its budget while OPD does", "met": met,
+            **({"note": "the student starts at or above 90% of the teacher's accuracy: nothing to compare"}
+               if met is None else {})}
 
 
 # ------------------------------------------------------------------ processes
@@ -411,7 +416,7 @@ def main() -> int:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "teacher_accuracy": teacher_acc, "student_base_accuracy": base_acc, "metric": s["metric"],
         "accuracy_both": accuracy, "teacher": {"path": teacher, **record}, "settings": s,
-        "verdict": verdict(summary), "methods": summary,
+        "verdict": verdict(summary, teacher_acc, base_acc), "methods": summary,
         "wall_minutes": round((time.perf_counter() - started) / 60, 1),
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
         "machine": f"{platform.machine()}, {os.cpu_count()} cores, one thread per method, {args.parallel} at a time",
