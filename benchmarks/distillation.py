@@ -267,7 +267,8 @@ def run_method(method: str, s: dict, teacher: str, workdir: Path) -> dict:
     return {"curve": curve, "train_minutes": round(offset + train_s / 60, 3), "wall_minutes": round(wall, 2),
             "sampling_minutes": round(offset, 3) if method == "sft" else None,
             "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
-            "training_score": [round(p["critic/score/mean"], 4) for p in CurveTracker.curve if "critic/score/mean" in p],
+            "training_score": [round(p["critic/score/mean"], 4) for p in CurveTracker.curve
+                               if "critic/score/mean" in p],
             "reverse_kl": [round(p["distill/reverse_kl"], 4) for p in CurveTracker.curve if "distill/reverse_kl" in p]}
 
 

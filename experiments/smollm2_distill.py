@@ -2,7 +2,7 @@
 token it samples, instead of from one reward per answer (docs/distillation.md).
 
     python experiments/smollm2_distill.py --config 'config:base(teacher="path/to/teacher")'   # distil a teacher
-    python experiments/smollm2_distill.py                          # stage "teacher" makes one first (GRPO), then distils
+    python experiments/smollm2_distill.py                          # stage "teacher" makes one (GRPO), then distils
     python experiments/smollm2_distill.py --config 'config:base(teacher="...")' --config fiddler:with_task_reward
     python experiments/smollm2_distill.py --config 'config:base(teacher="...")' --config 'fiddler:top_k(k=16)'
     python experiments/smollm2_distill.py --config fiddler:smoke    # a few tiny steps on the real model (tests)

@@ -237,7 +237,8 @@ def distillation_graph(out: str, teacher=None, top_k: int = 0, steps: int = 8):
         teacher = fdl.Config(StageOutput, stage="teacher")
     opd = fdl.Config(
         RLTrainer,
-        policy=policy_group(model_path=student, objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss)),
+        policy=policy_group(model_path=student,
+                            objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss)),
                             optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-2),
                             training=fdl.Config(TrainingSetup, micro_batch_size=64)),
         tokenizer=tokenizer,

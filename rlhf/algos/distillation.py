@@ -174,7 +174,9 @@ def top_k_overlap(student_ids: Tensor, teacher_ids: Tensor, response_mask: Tenso
     return masked_mean(shared, response_mask)
 
 
-def distillation_metrics(student_log_probs: Tensor, teacher_log_probs: Tensor, response_mask: Tensor) -> dict[str, float]:
+def distillation_metrics(
+    student_log_probs: Tensor, teacher_log_probs: Tensor, response_mask: Tensor,
+) -> dict[str, float]:
     """Means over the valid tokens of a batch (all (B, T)): `reverse_kl` (k1: log pi - log mu, the OPD advantage
     negated), `reverse_kl_k3` (k3: unbiased, >= 0, lower variance), `teacher_log_prob` (log mu(y_t)) and
     `student_log_prob` (log pi(y_t)). Both estimate KL(pi || mu) per token on the student's own samples."""

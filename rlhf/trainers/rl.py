@@ -12,8 +12,9 @@ its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
 
 Each algorithm variant is one argument (one graph node): the estimator (`advantage`, whose needs
 come from `rlhf.algos.requirements`: a greedy baseline rollout for ReMax, token statistics for the
-optimal token baseline, the student's and a teacher's log-probs for on-policy distillation), `rollout_correction`, `dynamic_sampling` (DAPO) and `pf_ppo`. The
-policy loss lives in the policy worker's objective; overlong shaping in the reward manager.
+optimal token baseline, the student's and a teacher's log-probs for on-policy distillation),
+`rollout_correction`, `dynamic_sampling` (DAPO) and `pf_ppo`. The policy loss lives in the policy
+worker's objective; overlong shaping in the reward manager.
 """
 
 from __future__ import annotations

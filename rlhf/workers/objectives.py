@@ -51,8 +51,9 @@ class PolicyObjective:
         return self.entropy_coef != 0.0
 
     def __call__(
-        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float,
-        top_k_log_probs: torch.Tensor | None = None,  # (B,T,K) log-probs of the teacher's top-k tokens, with gradient
+        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float,
+        num_seqs: float,
+        top_k_log_probs: torch.Tensor | None = None,  # (B,T,K) student log-probs of the teacher's top-k, with grad
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = batch["response_mask"]
         # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.

@@ -54,7 +54,8 @@ def _held(plan: PolicyPlan, shape: ModelShape, placement: Placement, generates: 
     if plan.reference_model:  # a LoRA reference that is the actor's base costs nothing
         device += frozen_model_terms(model_shape(plan.ref_model_path), HEAD, plan.compute_dtype, placement, "reference")
     if plan.teacher_model:  # a sibling of the reference, of its own shape (a teacher is often larger)
-        device += frozen_model_terms(model_shape(plan.teacher_model_path), HEAD, plan.compute_dtype, placement, "teacher")
+        teacher = model_shape(plan.teacher_model_path)
+        device += frozen_model_terms(teacher, HEAD, plan.compute_dtype, placement, "teacher")
     if plan.engine_copy and plan.engine.decodes_in_process:  # its own unsharded copy; its sleep frees nothing
         device += frozen_model_terms(shape, HEAD, plan.engine.dtype, _unsharded(placement), "rollout engine")
     elif plan.engine_copy and generates and placement.device != "cuda":  # vLLM's CPU build cannot sleep:

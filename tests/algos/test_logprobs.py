@@ -260,7 +260,8 @@ def test_log_probs_at_matches_log_softmax_value_and_grad(B, T, V, K, budget, tem
 
 
 def test_log_probs_at_by_hand():
-    # logits [0, ln 3] at temperature 1: p = [1/4, 3/4]; at temperature 2: z/2 = [0, ln 3 / 2], p = [1, sqrt 3] / (1 + sqrt 3)
+    # logits [0, ln 3] at temperature 1: p = [1/4, 3/4];
+    # at temperature 2: z/2 = [0, ln 3 / 2], p = [1, sqrt 3] / (1 + sqrt 3)
     from rlhf.algos.logprobs import log_probs_at
 
     logits = torch.tensor([[[0.0, math.log(3.0)]]])

@@ -1,8 +1,8 @@
 """FSDP2 as the project applies it, on CPU over gloo: the same code that shards on GPUs.
 
 2 FSDP ranks through Ray equal 1 rank in this process after an update; each rank holds half of
-the actor's, the reference model's and a teacher's parameters (whose log-probs agree); the sharded actor decodes (the ranks' rows
-end at different steps); FSDP at world size 1 equals DDP."""
+the actor's, the reference model's and a teacher's parameters (whose log-probs agree); the sharded
+actor decodes (the ranks' rows end at different steps); FSDP at world size 1 equals DDP."""
 
 import pytest
 import torch
