@@ -45,7 +45,8 @@ PANEL = [
     # one-digit factors have too few distinct questions for 200 held-out rows (54); not screened at 1-2 digits
     'reasoning_gym/products={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}',
     'reasoning_gym/gcd={"min_value": 1, "max_value": 20}',
-    'reasoning_gym/lcm={"min_value": 1, "max_value": 12}',
+    # values 1-12 have only 70 distinct test questions; 1-30 chosen after that refusal, before any training
+    'reasoning_gym/lcm={"min_value": 1, "max_value": 30}',
 ]
 TARGETS = {"min_gain": 0.10, "mean_gain": 0.15, "not_below_base_lenient": True}
 
@@ -96,7 +97,7 @@ def source_of(task: str) -> str:
     return "arithmetic" if task == "arithmetic" else task
 
 
-def run_task(task: str, settings: dict, steps: int, out: Path) -> dict:
+def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "") -> dict:
     """One task, in this process: the recipe's graph, local, untracked; returns the task's row of the panel."""
     import fiddle as fdl
     import torch
@@ -106,7 +107,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path) -> dict:
     from rlhf.runtime.experiment import run_experiment
 
     recipe = load_experiment(str(ROOT / "experiments" / "smollm2_tasks.py"))
-    commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps})", "fiddler:local", "fiddler:quiet"]
+    commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps}{recipe_args})", "fiddler:local", "fiddler:quiet"]
     graph, _ = build_graph(recipe, commands)
     graph.tracker = fdl.Config(CurveTracker)
     graph.output_dir = str(out)
@@ -138,14 +139,14 @@ def run_task(task: str, settings: dict, steps: int, out: Path) -> dict:
     }
 
 
-def child(spec: str, steps: int, out: Path) -> int:
+def child(spec: str, steps: int, out: Path, recipe_args: str = "") -> int:
     task, settings = parse_task(spec)
-    row = run_task(task, settings, steps, out)
+    row = run_task(task, settings, steps, out, recipe_args)
     print("RESULT " + json.dumps(row), flush=True)
     return 0
 
 
-def spawn(spec: str, steps: int, workdir: Path) -> dict:
+def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "") -> dict:
     """Run one task in a fresh process (its log beside the results); its row, or the error."""
     name = spec.split("=")[0].replace("/", "_")
     log = workdir / f"{name}.log"
@@ -154,7 +155,7 @@ def spawn(spec: str, steps: int, workdir: Path) -> dict:
                                                                                           os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as f:
         done = subprocess.run([sys.executable, __file__, "--child", spec, "--steps", str(steps),
-                               "--workdir", str(workdir / name)], stdout=f, stderr=subprocess.STDOUT, env=env)
+                               "--workdir", str(workdir / name), "--recipe-args", recipe_args], stdout=f, stderr=subprocess.STDOUT, env=env)
     results = [line[len("RESULT "):] for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     if done.returncode or not results:
         tail = log.read_text().strip().splitlines()[-5:]
@@ -185,11 +186,13 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps per task (the recipe's default)")
     parser.add_argument("--parallel", type=int, default=2, help="tasks at a time (one thread each)")
     parser.add_argument("--out", default=None, help="folder for the JSON (default: a temporary folder)")
+    parser.add_argument("--recipe-args", default="", help='more arguments of the recipe\'s base(), e.g. '
+                        '", temperature=0.7" (the JSON records them; the panel\'s verdict is for the defaults)')
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.steps, Path(args.workdir))
+        return child(args.child, args.steps, Path(args.workdir), args.recipe_args)
     specs = PANEL if args.tasks is None else [s for s in args.tasks.split(";" if ";" in args.tasks else ",") if s]
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="transfer-"))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -197,10 +200,10 @@ def main() -> int:
     load_before = os.getloadavg()
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda s: spawn(s, args.steps, workdir), specs))
+        rows = list(pool.map(lambda s: spawn(s, args.steps, workdir, args.recipe_args), specs))
     result = {
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "recipe": "experiments/smollm2_tasks.py (defaults)", "model": "SmolLM2-135M-Instruct, fp32, CPU",
+        "recipe": "experiments/smollm2_tasks.py" + (f" base(...{args.recipe_args})" if args.recipe_args else " (defaults)"), "model": "SmolLM2-135M-Instruct, fp32, CPU",
         "steps": args.steps, "parallel": args.parallel, "targets": TARGETS, "verdict": verdict(rows),
         "wall_minutes": round((time.perf_counter() - started) / 60, 1),
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},

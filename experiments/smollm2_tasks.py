@@ -6,9 +6,9 @@
     python experiments/smollm2_tasks.py --config 'config:base(task="data/mytask")'  # DIR/{train,test}.parquet, verl schema
     python experiments/smollm2_tasks.py --config fiddler:smoke                     # 2 tiny steps (tests)
 
-Its parts, each chosen for a mechanism rather than a task (docs/bring_your_own_model.md has the measured panel,
-which does NOT yet meet its target: on letter_counting the held-out accuracy fell from 50% to 0% strict while the
-lenient one rose to 56%, the form dropped; see that page for why and what to try next):
+Its parts, each chosen for a mechanism rather than a task (docs/bring_your_own_model.md has the measured panel:
+held-out accuracy +20 points on average over eight tasks, five of them +10 or more; three tasks whose answers the
+model guesses without working, basic_arithmetic, products and lcm, do not move):
 - **The answer is asked for in a form the model follows and a scorer reads without guessing**: "The answer is
   <answer>." (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`; SmolLM2 follows it in 23 of 24 greedy replies, a last
   line "Answer: ..." in 1 of 24), read by `rlhf.rewards.final_answer.final_answer`.
@@ -17,7 +17,13 @@ lenient one rose to 56%, the form dropped; see that page for why and what to try
   wrong answer, whatever partial credit the task's own scorer would give it (reasoning-gym's letter_counting gives
   0.5 for "18" where the truth is 1: paid, it took SmolLM2 from 54% to 18% held-out). Held-out accuracy counts full
   credit only (`Correct`). The unformatted credit gives a first signal where the base model never writes the form
-  (arithmetic), but under GRPO's per-group std normalisation it also rewards dropping the form.
+  (arithmetic), and keeps its size because advantages are not divided by the group's std (below).
+- **Samples close to the policy that is evaluated**: temperature 0.7. At 1.0, 4-5% of SmolLM2's samples on
+  letter_counting were right where its greedy answers are right 50% of the time; the groups then said little about
+  the greedy policy.
+- **Advantages without the group's std** (`GRPO(norm_by_std=False)`, as Dr. GRPO): divided by it, a group whose
+  best answer earned only the 0.1 credit pushed as hard as one with a fully right answer, and SmolLM2 learnt to
+  drop the form (letter_counting 50% -> 0% strict at temperature 1.0 with the std; 50% -> 60% without).
 - **The response budget leaves room for the model's own way of answering**: 64 new tokens, where SmolLM2's
   greedy answers on the panel's tasks have a p90 of about 10-20 (`rlhf probe`, docs/generate_and_eval.md); a task
   whose answers are longer needs `config:base(max_new_tokens=...)` from its probe. Sampled answers ramble longer,
@@ -27,7 +33,7 @@ lenient one rose to 56%, the form dropped; see that page for why and what to try
 
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8
-samples per step, 10 steps: about 15 minutes of training on one CPU core.
+samples per step, 10 steps: 6-14 minutes of training on one CPU core.
 """
 
 from __future__ import annotations
@@ -102,7 +108,8 @@ def task_scorers(task: str, scorer: Any = None) -> tuple[dict, dict]:
 
 def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
          model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 10, lr: float = 2e-5,
-         max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2) -> fdl.Config[Experiment]:
+         max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2,
+         temperature: float = 0.7, norm_by_std: bool = False) -> fdl.Config[Experiment]:
     """GRPO from the instruct model on `task` (module docstring): 8 prompts x 8 samples, `steps` steps."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
@@ -135,8 +142,8 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
         train_data=fdl.Config(PromptDataset, rows=task_rows(task, "train", 4096, settings), tokenizer=tokenizer,
                               max_prompt_length=MAX_PROMPT_LENGTH, name="train"),
         reward=fdl.Config(RewardManager, scorers=reward),
-        advantage=fdl.Config(GRPO, norm_by_std=True),
-        sampling=fdl.Config(SamplingParams, n=8, temperature=1.0, max_new_tokens=max_new_tokens),
+        advantage=fdl.Config(GRPO, norm_by_std=norm_by_std),
+        sampling=fdl.Config(SamplingParams, n=8, temperature=temperature, max_new_tokens=max_new_tokens),
         prompts_per_step=8,
         total_steps=steps,
         evaluator=evaluator,

@@ -1,11 +1,13 @@
-"""Algorithm switches applied to an RL stage graph (the estimator, critic and KL placement)."""
+"""Algorithm switches applied to an RL stage graph (the estimator, critic and KL placement, a teacher)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import fiddle as fdl
 import torch
 
-from rlhf.algos import GAE, ClippedValueLoss, FixedKLController
+from rlhf.algos import GAE, ClippedValueLoss, FixedKLController, OnPolicyDistillation, TopKForwardKL
 from rlhf.runtime.remote import Remote
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.critic import CriticWorker
@@ -36,3 +38,23 @@ def use_gae_with_critic(
     stage.advantage = fdl.Config(GAE, gamma=gamma, lam=lam)
     stage.kl_in_reward = fdl.Config(FixedKLController, coef=kl_coef)
     worker.objective.kl_loss = None
+
+
+def use_distillation(
+    stage: fdl.Config[RLTrainer], teacher: Any, distill_coef: float = 1.0, task_reward: bool = False,
+    top_k: int = 0, top_k_coef: float = 1.0,
+) -> None:
+    """On-policy distillation (docs/distillation.md): the policy worker gets a frozen `teacher` (a model folder
+    with the policy's tokenizer, or an earlier stage's output) beside its reference, and the advantage becomes
+    the per-token reverse KL to it x `distill_coef`; `task_reward`: plus the stage's own task advantage (OPD +
+    GRPO). `top_k` > 0 adds the forward KL over the teacher's top-k tokens to the loss (x `top_k_coef`).
+    Sampling, the reward (still scored and logged) and the policy loss are left as they are."""
+    worker = stage.policy.worker
+    worker.teacher_model_path = teacher
+    task = stage.advantage
+    if isinstance(task, fdl.Buildable) and fdl.get_callable(task) is OnPolicyDistillation:
+        task = task.task  # applied again: the task estimator the first application kept (or None)
+    stage.advantage = fdl.Config(OnPolicyDistillation, distill_coef=distill_coef,
+                                 task=task if task_reward else None)
+    if top_k:
+        worker.objective.distill_loss = fdl.Config(TopKForwardKL, k=top_k, coef=top_k_coef)

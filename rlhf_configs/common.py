@@ -21,6 +21,7 @@ from rlhf.workers.lora import LoRA
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
+from rlhf_configs.algorithms import use_distillation
 from rlhf_configs.async_rollout import Correction, Placement, use_async_rollout
 
 
@@ -77,6 +78,15 @@ def lora(cfg: fdl.Config[Experiment], **options) -> None:
     for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
         if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
             worker.adapter = fdl.Config(LoRA, **options)
+def distill(cfg: fdl.Config[Experiment], teacher: str, distill_coef: float = 1.0, task_reward: bool = False,
+            top_k: int = 0) -> None:
+    """On-policy distillation in every RL stage: a frozen `teacher` folder (the policy's tokenizer) scores each
+    sampled token and the advantage is the per-token reverse KL to it (`task_reward`: plus the stage's task
+    advantage; `top_k`: plus a top-k forward KL loss). docs/distillation.md."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_distillation(stage, teacher, distill_coef=distill_coef, task_reward=task_reward, top_k=top_k)
+
+
 def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "auto",
                  correction: Correction = "bypass") -> None:
     """Asynchronous rollout, one step off policy (verl): while the trainer updates on batch k, a rollout group

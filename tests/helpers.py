@@ -190,6 +190,69 @@ def fill_disk(folder, leave: int = 0) -> int:
     return os.path.getsize(path)
 
 
+def _teacher_stage(tokenizer, rows):
+    """40 SFT steps of the tiny model on the additions: a teacher far more sure of its answers than the student."""
+    from rlhf.data.sft import SFTDataset
+    from rlhf.trainers.sft import SFTTrainer
+    from rlhf.workers.objectives import SFTObjective
+    from rlhf.workers.training import TrainingSetup
+    from rlhf_configs.pieces import policy_group
+
+    return fdl.Config(
+        SFTTrainer,
+        policy=policy_group(model_path=tiny_model_path(), objective=fdl.Config(SFTObjective),
+                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-3),
+                            training=fdl.Config(TrainingSetup, micro_batch_size=64)),
+        data=fdl.Config(SFTDataset, rows=rows, tokenizer=tokenizer),
+        batch_size=64, total_steps=40, bucketed=False,
+    )
+
+
+def distillation_graph(out: str, teacher=None, top_k: int = 0, steps: int = 8):
+    """On-policy distillation on the tiny model, in-process and untracked: the untrained tiny model (8 prompts x 4
+    samples of 6 tokens a step, AdamW 3e-2) distilled from `teacher` (a folder; None: a stage "teacher" makes one
+    first by SFT); `top_k` > 0 adds the top-k forward KL."""
+    from rlhf.algos import GRPO, PPOClipLoss
+    from rlhf.data.generators import arithmetic_rows
+    from rlhf.data.prompts import PromptDataset
+    from rlhf.models.loading import load_tokenizer
+    from rlhf.rewards.arithmetic import exact_match_score
+    from rlhf.rewards.manager import RewardManager
+    from rlhf.rollout.sampling import SamplingParams
+    from rlhf.runtime.experiment import Experiment
+    from rlhf.runtime.local import LocalRuntime
+    from rlhf.runtime.remote import StageOutput
+    from rlhf.trainers.rl import RLTrainer
+    from rlhf.workers.objectives import PolicyObjective
+    from rlhf.workers.training import TrainingSetup
+    from rlhf_configs.algorithms import use_distillation
+    from rlhf_configs.pieces import policy_group
+
+    student = tiny_model_path()
+    tokenizer = fdl.Config(load_tokenizer, student)
+    rows = fdl.Config(arithmetic_rows, n=512, seed=0, split="train")
+    stages = {}
+    if teacher is None:
+        stages["teacher"] = _teacher_stage(tokenizer, rows)
+        teacher = fdl.Config(StageOutput, stage="teacher")
+    opd = fdl.Config(
+        RLTrainer,
+        policy=policy_group(model_path=student,
+                            objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss)),
+                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-2),
+                            training=fdl.Config(TrainingSetup, micro_batch_size=64)),
+        tokenizer=tokenizer,
+        train_data=fdl.Config(PromptDataset, rows=rows, tokenizer=tokenizer),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": exact_match_score}),
+        advantage=fdl.Config(GRPO),
+        sampling=fdl.Config(SamplingParams, n=4, temperature=1.0, max_new_tokens=6),
+        prompts_per_step=8, total_steps=steps, records=None,
+    )
+    use_distillation(opd, teacher, top_k=top_k)
+    return fdl.Config(Experiment, name="opd_tiny", stages={**stages, "opd": opd},
+                      runtime=fdl.Config(LocalRuntime), tracker=None, output_dir=out, progress=False)
+
+
 def run_capturing(monkeypatch, graph) -> dict[int, tuple[dict, object]]:
     """Run the experiment `graph`, keeping each RL step's metrics and the batch it trained on."""
     from rlhf.runtime.experiment import run_experiment

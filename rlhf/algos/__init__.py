@@ -29,6 +29,13 @@ from rlhf.algos.aggregation import (
     token_mean,
 )
 from rlhf.algos.dapo import DynamicSamplingAccumulator, groups_with_variance, overlong_penalty
+from rlhf.algos.distillation import (
+    OnPolicyDistillation,
+    TopKForwardKL,
+    distillation_metrics,
+    reverse_kl_advantages,
+    top_k_overlap,
+)
 from rlhf.algos.groups import Groups, group_by, group_ids_from_uids
 from rlhf.algos.kl import (
     AdaptiveKLController,
@@ -46,8 +53,10 @@ from rlhf.algos.logprobs import (
     entropy_from_logits_chunked,
     linear_log_probs_and_entropy,
     log_probs_and_entropy,
+    log_probs_at,
     log_probs_from_logits,
     sum_pi_squared_from_logits,
+    top_k_log_probs,
 )
 from rlhf.algos.masked import masked_max, masked_mean, masked_sum, masked_var, masked_whiten, masked_zero
 from rlhf.algos.pairs import split_pairs
@@ -108,6 +117,8 @@ __all__ = [
     "entropy_from_logits",
     "entropy_from_logits_chunked",
     "sum_pi_squared_from_logits",
+    "log_probs_at",
+    "top_k_log_probs",
     # aggregation
     "Aggregation",
     "token_mean",
@@ -164,6 +175,12 @@ __all__ = [
     "ReinforcePlusPlusBaseline",
     "ReMax",
     "OptimalTokenBaseline",
+    # on-policy distillation
+    "OnPolicyDistillation",
+    "TopKForwardKL",
+    "reverse_kl_advantages",
+    "top_k_overlap",
+    "distillation_metrics",
     # groups and scans
     "Groups",
     "group_by",

@@ -50,6 +50,8 @@ class AdvantageInputs:
     sum_pi_squared: (B, T) sum_v pi_old(v)^2 at each step (optimal token baseline; see
         `logprobs.sum_pi_squared_from_logits`).
     rollout_is_weights: (B, T) rollout-correction weights (optimal token baseline).
+    teacher_log_probs: (B, T) log pi_teacher(y_t) of the sampled tokens at the sampling temperature
+        (on-policy distillation, `rlhf.algos.distillation`).
     """
 
     token_level_rewards: Tensor
@@ -60,6 +62,7 @@ class AdvantageInputs:
     old_log_probs: Tensor | None = None
     sum_pi_squared: Tensor | None = None
     rollout_is_weights: Tensor | None = None
+    teacher_log_probs: Tensor | None = None
 
 
 def _require(value: Tensor | None, name: str, estimator: str) -> Tensor:

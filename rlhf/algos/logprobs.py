@@ -184,6 +184,76 @@ def sum_pi_squared_from_logits(
         return out.reshape(logits.shape[:-1])
 
 
+class _GatheredLogProbs(torch.autograd.Function):
+    """lp_k = z_{i_k} - lse(z) for K ids per row, z = logits / tau, in blocks; backward recomputes p.
+
+    d lp_k / dz_v = 1[v = i_k] - p_v, so dL/dz_v = (sum_k g_k 1[v = i_k] - p_v sum_k g_k) / tau.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, ids: Tensor, temperature: float, rows: int):
+        z = logits.reshape(-1, logits.shape[-1])
+        idx = ids.reshape(z.shape[0], -1)
+        cdt = _compute_dtype(logits.dtype)
+        inv_t = 1.0 / temperature
+        lse = torch.empty(z.shape[0], dtype=cdt, device=z.device)
+        out = torch.empty(idx.shape, dtype=cdt, device=z.device)
+        for start in range(0, z.shape[0], rows):
+            sl = slice(start, start + rows)
+            zc = _scaled_block(z[sl], inv_t, cdt)
+            block_lse = torch.logsumexp(zc, dim=-1, out=lse[sl])
+            torch.sub(zc.gather(-1, idx[sl]), block_lse[:, None], out=out[sl])
+        ctx.save_for_backward(logits, ids, lse)
+        ctx.inv_t, ctx.rows = inv_t, rows
+        return out.reshape(ids.shape)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):
+        logits, ids, lse = ctx.saved_tensors
+        z = logits.reshape(-1, logits.shape[-1])
+        idx = ids.reshape(z.shape[0], -1)
+        g = grad.reshape(idx.shape).to(lse.dtype)
+        g_sum = g.sum(-1)
+        out = torch.empty_like(z)
+        for start in range(0, z.shape[0], ctx.rows):
+            sl = slice(start, start + ctx.rows)
+            zc = _scaled_block(z[sl], ctx.inv_t, lse.dtype)
+            weight = torch.sub(zc, lse[sl, None]).exp_().mul_(-g_sum[sl, None])
+            weight.scatter_add_(-1, idx[sl], g[sl])
+            if ctx.inv_t != 1.0:
+                weight.mul_(ctx.inv_t)
+            out[sl] = weight
+        return out.reshape(logits.shape), None, None, None
+
+
+def log_probs_at(
+    logits: Tensor, ids: Tensor, *, temperature: float = 1.0, max_block_elements: int | None = None,
+) -> Tensor:
+    """log pi(v) for K given tokens v per position, pi = softmax(logits / temperature), in one blocked pass.
+
+    logits: (B, T, V) any float dtype; ids: (B, T, K) int64 (e.g. a teacher's top-k tokens). Returns (B, T, K)
+    float32 (float64 for float64 logits), differentiable w.r.t. logits without a (B, T, V) float32 copy:
+    as `log_probs_and_entropy`, only the per-row log-sum-exp is saved and backward recomputes the softmax.
+    """
+    budget = max_block_elements or default_block_elements(logits.device)
+    rows = block_rows(ids.shape[:-1].numel(), logits.shape[-1], budget)
+    return _GatheredLogProbs.apply(logits, ids, float(temperature), rows)
+
+
+def top_k_log_probs(
+    logits: Tensor, k: int, *, temperature: float = 1.0, max_block_elements: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """The k most probable tokens per position and their log-probs under softmax(logits / temperature), no grad.
+
+    logits: (B, T, V). Returns (ids (B, T, k) int64, log-probs (B, T, k) float32), most probable first. The
+    order of the logits is the order of the probabilities at any temperature > 0, so the ids do not depend on it.
+    """
+    with torch.no_grad():
+        ids = logits.topk(k, dim=-1).indices
+        return ids, log_probs_at(logits, ids, temperature=temperature, max_block_elements=max_block_elements)
+
+
 class _LinearLogProbEntropy(torch.autograd.Function):
     """`_LogProbEntropy` of z = (hidden @ weight^T) / tau, the LM head applied here rather than by the model.
 

@@ -8,7 +8,8 @@ so the two can never disagree about, say, which estimators need several samples 
     needs.min_samples                       # 2: a group baseline needs two samples per prompt
     setup_problems(GRPO, n=1, has_critic=False)   # [Problem(field="sampling.n", ...)]
 
-A user-defined estimator states its needs with a class attribute `needs = EstimatorNeeds(...)`;
+A user-defined estimator states its needs with a class attribute `needs = EstimatorNeeds(...)` (an
+instance may hold its own, e.g. one that wraps another estimator and adds that one's needs to its own);
 without one, only the historical `requires_critic` attribute is read.
 """
 
@@ -39,6 +40,8 @@ class EstimatorNeeds:
     critic: bool = False  # values V(s_t) from a critic group (`AdvantageInputs.values`)
     baseline_rollout: bool = False  # the score of a greedy response per prompt (`baseline_rewards`)
     token_statistics: bool = False  # old_log_probs and sum_pi_squared from the policy worker's logits
+    old_log_probs: bool = False  # log pi_old(y_t) of the sampled tokens, even when the update is on-policy
+    teacher_log_probs: bool = False  # log pi_teacher(y_t) from the policy worker's teacher (on-policy distillation)
 
 
 GROUP = EstimatorNeeds(min_samples=2)
@@ -62,9 +65,10 @@ def _class(estimator: Any) -> type:
 
 
 def estimator_needs(estimator: Any) -> EstimatorNeeds:
-    """The needs of an estimator class or instance (the nearest base class in `NEEDS` counts)."""
+    """The needs of an estimator class or instance (an instance's own `needs`, else its class's, else the
+    nearest base class in `NEEDS`)."""
     cls = _class(estimator)
-    declared = getattr(cls, "needs", None)
+    declared = getattr(estimator, "needs", None)
     if isinstance(declared, EstimatorNeeds):
         return declared
     for klass in cls.__mro__:
@@ -138,6 +142,19 @@ def reference_problems(*, kl_loss: bool, kl_in_reward: bool, has_ref: bool) -> l
             fix="kl_in_reward=None",
         ))
     return out
+
+
+def teacher_problems(estimator: Any, *, has_teacher: bool | None) -> list[Problem]:
+    """An estimator that scores samples against a teacher (on-policy distillation) needs the policy worker's
+    teacher model. `has_teacher`: whether the policy worker has one (None: unknown, not checked)."""
+    if has_teacher is not False or not estimator_needs(estimator).teacher_log_probs:
+        return []
+    return [Problem(
+        "policy.worker.teacher_model_path",
+        f"{_class(estimator).__name__} trains the policy toward a teacher's log-probs, but the policy worker has no "
+        "teacher. Set policy.worker.teacher_model_path to the teacher's model folder (its tokenizer must be the "
+        "policy's; see docs/distillation.md), or use a task-reward estimator (GRPO).",
+    )]
 
 
 def staleness_problems(*, stale_samples: bool, rollout_correction: bool, decoupled: bool) -> list[Problem]:

@@ -287,9 +287,13 @@ class SFTDataset:
     @staticmethod
     def preflight(arguments: dict) -> None:
         """Before any stage runs: build the dataset when its rows are a loaded dataset (a file) and its tokenizer
-        builds (`wants_values`), so a file whose every example is too long stops the run there, naming the file.
+        builds (`wants_values`), so a file whose every example is too long stops the run there, naming the file
+        (when `response` is a plain function: one still a graph node, such as `rlhf sft --response-key`'s, is
+        checked when the stage builds).
         The result is cached for the run's own build; rows from a generator are checked when it is built."""
         rows, tokenizer = arguments.get("rows"), arguments.get("tokenizer")
+        if not callable(arguments.get("response", answer_from_ground_truth)):
+            return  # a response function still a graph node (`fdl.Partial(answer_from_extra_info, key=...)`): at build
         if isinstance(tokenizer, PreTrainedTokenizerBase) and isinstance(rows, datasets.Dataset):
             SFTDataset(**arguments)
 

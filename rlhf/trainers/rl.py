@@ -1,7 +1,7 @@
 """The RL trainer (PPO family: GRPO, PPO with a critic, ...): the driver loop of one RL stage.
 
-generate -> reward -> old/ref log-probs (when needed) -> rollout correction -> values -> KL penalty
--> advantages -> PF-PPO resampling -> critic update -> actor update -> validate -> log -> checkpoint.
+generate -> reward -> old/ref/teacher log-probs (when needed) -> rollout correction -> values -> KL
+penalty -> advantages -> PF-PPO resampling -> critic update -> actor update -> validate -> log -> checkpoint.
 Worker groups do the model work; everything here is light bookkeeping on the driver. After each
 update the rollout engine needs the new weights: free for the HF engine, which generates with the
 actor's own module, but a full copy streamed in buckets for vLLM (docs/rollout_engines.md). Each
@@ -12,8 +12,9 @@ its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
 
 Each algorithm variant is one argument (one graph node): the estimator (`advantage`, whose needs
 come from `rlhf.algos.requirements`: a greedy baseline rollout for ReMax, token statistics for the
-optimal token baseline), `rollout_correction`, `dynamic_sampling` (DAPO) and `pf_ppo`. The
-policy loss lives in the policy worker's objective; overlong shaping in the reward manager.
+optimal token baseline, the student's and a teacher's log-probs for on-policy distillation),
+`rollout_correction`, `dynamic_sampling` (DAPO) and `pf_ppo`. The policy loss lives in the policy
+worker's objective; overlong shaping in the reward manager.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from rlhf.algos import (
     DynamicSamplingAccumulator,
     RolloutCorrection,
     apply_kl_penalty,
+    distillation_metrics,
     group_ids_from_uids,
     kl_k1,
     pf_ppo_resample,
@@ -283,12 +285,19 @@ class RLTrainer:
         if self.estimator_needs.token_statistics:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_token_stats(batch))
-        elif ((columns["old_log_probs"] or correcting) and not bypass) or self.kl_in_reward is not None:
+        elif ((columns["old_log_probs"] or correcting) and not bypass) or self.kl_in_reward is not None \
+                or self.estimator_needs.old_log_probs:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
         if columns["ref_log_probs"] or self.kl_in_reward is not None:
             with timed(timing, "ref"):
                 batch = batch.union(self.policy.compute_ref_log_probs(batch))
+        distill_metrics = {}
+        if self.estimator_needs.teacher_log_probs:  # on-policy distillation: the teacher scores every sampled token
+            with timed(timing, "teacher"):
+                batch = batch.union(self.policy.compute_teacher_log_probs(batch))
+            distill_metrics = {f"distill/{k}": v for k, v in distillation_metrics(
+                batch["old_log_probs"], batch["teacher_log_probs"], batch["response_mask"]).items()}
         correction_metrics = self._correct_rollout(batch) if correcting else {}
         if self.critic is not None:
             with timed(timing, "values"):
@@ -314,6 +323,7 @@ class RLTrainer:
             **reward_metrics,
             **correction_metrics,
             **kl_metrics,
+            **distill_metrics,
             **pf_metrics,
             **update_metrics,
             **timing,
@@ -385,6 +395,7 @@ class RLTrainer:
             old_log_probs=column("old_log_probs"),
             sum_pi_squared=column("sum_pi_squared"),
             rollout_is_weights=column("rollout_is_weights"),
+            teacher_log_probs=column("teacher_log_probs"),
         )
 
     def _correct_rollout(self, batch: Batch) -> dict[str, float]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.algos import DecoupledPPO, KLLoss, PolicyLoss, PPOClipLoss, token_mean
+from rlhf.algos import DecoupledPPO, KLLoss, PolicyLoss, PPOClipLoss, TopKForwardKL, token_mean
 from rlhf.algos.preference import DPOLoss, PairLogProbs, PreferenceLoss, preference_metrics
 from rlhf.batch import Batch
 
@@ -22,7 +22,8 @@ def _detached(value: torch.Tensor | float) -> torch.Tensor | float:
 
 
 class PolicyObjective:
-    """PPO-family actor loss: policy-gradient loss + optional KL-to-reference loss - entropy bonus."""
+    """PPO-family actor loss: policy-gradient loss + optional KL-to-reference loss + optional top-k forward KL
+    to a teacher (on-policy distillation, docs/distillation.md) - entropy bonus."""
 
     def __init__(
         self,
@@ -32,11 +33,15 @@ class PolicyObjective:
         # AReaL's decoupled objective for samples from an older policy (asynchronous rollout, docs/async.md):
         # the loss is weighted by pi_old / pi_rollout per token; None: off
         decoupled: DecoupledPPO | None = None,
+        # forward KL to the policy worker's teacher over its top-k tokens at each sampled position (GKD-style);
+        # the worker computes both sides from full logits on the sampled sequence; None: off
+        distill_loss: TopKForwardKL | None = None,
     ):
         self.policy_loss = policy_loss
         self.kl_loss = kl_loss
         self.entropy_coef = entropy_coef
         self.decoupled = decoupled
+        self.distill_loss = distill_loss
 
     @property
     def needs_ref(self) -> bool:
@@ -47,7 +52,9 @@ class PolicyObjective:
         return self.entropy_coef != 0.0
 
     def __call__(
-        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float
+        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float,
+        num_seqs: float,
+        top_k_log_probs: torch.Tensor | None = None,  # (B,T,K) student log-probs of the teacher's top-k, with grad
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         mask = batch["response_mask"]
         # On-policy (one epoch, one mini-batch): old log-probs equal the current ones.
@@ -68,6 +75,13 @@ class PolicyObjective:
             kl, kl_raw = self.kl_loss(log_probs, batch["ref_log_probs"], mask, **counts)
             loss = loss + kl
             metrics.update({f"actor/{k}": _detached(v) for k, v in kl_raw.items()})
+        if self.distill_loss is not None:
+            if top_k_log_probs is None:
+                raise ValueError("PolicyObjective.distill_loss needs the student's log-probs of the teacher's top-k "
+                                 "tokens (top_k_log_probs); the policy worker passes them when it has a teacher")
+            distill, distill_raw = self.distill_loss(top_k_log_probs, batch["teacher_top_k_log_probs"], mask, **counts)
+            loss = loss + distill
+            metrics.update({f"distill/{k}": _detached(v) for k, v in distill_raw.items()})
         if entropy is not None and self.entropy_coef:
             loss = loss - self.entropy_coef * token_mean(entropy, mask, num_tokens=num_tokens)
         return loss, metrics

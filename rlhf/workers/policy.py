@@ -1,7 +1,9 @@
-"""The policy worker: actor, rollout engine and reference policy colocated in one process.
+"""The policy worker: actor, rollout engine, reference policy and teacher colocated in one process.
 
 This is the hybrid engine: the rollout engine generates with the actor's own weights, and the
-frozen reference policy sits beside it for KL terms. With a LoRA adapter on the actor and the
+frozen reference policy sits beside it for KL terms; a frozen teacher, when given, sits beside it
+too, stored and sharded like the reference, and scores the sampled tokens for on-policy
+distillation (docs/distillation.md). With a LoRA adapter on the actor and the
 reference being the actor's own base model, there is no second model: the reference is the
 actor with its adapter disabled (as TRL and verl do), which costs no memory. One instance runs
 per data-parallel rank; `ModelTrainer` (Accelerate) wraps the actor for gradient synchronisation
@@ -23,11 +25,12 @@ from typing import Any
 
 import torch
 
-from rlhf.algos import log_probs_and_entropy, sum_pi_squared_from_logits
+from rlhf.algos import log_probs_and_entropy, sum_pi_squared_from_logits, top_k_overlap
 from rlhf.batch import Batch
 from rlhf.models.lm_head import fusable_lm_head
 from rlhf.models.loading import causal_lm_source, load_tokenizer, model_reference, resolve_model_path
 from rlhf.models.saving import make_portable, save_tokenizer
+from rlhf.models.vocabulary import check_same_vocabulary
 from rlhf.ranges import PositiveInt
 from rlhf.rollout.engine import EngineFactory, for_policy, named_weights
 from rlhf.rollout.hf_engine import HFEngine
@@ -42,7 +45,9 @@ from rlhf.workers.policy_engine import HybridEngine
 from rlhf.workers.policy_memory import predict_policy_memory
 from rlhf.workers.policy_plan import SHARED_REFERENCE, PolicyPlan, plan_policy
 from rlhf.workers.precision import DType, check_trainable_precision
-from rlhf.workers.response_log_probs import response_log_probs, response_outputs
+from rlhf.workers.response_log_probs import (
+    response_log_probs, response_log_probs_with_top_k, response_outputs, teacher_scores,
+)
 from rlhf.workers.rollout_gap import RolloutGap
 from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
@@ -75,12 +80,19 @@ class PolicyWorker(PublishesWeights):
         fused_lm_head: bool | None = None,
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train only an adapter
         shared_prefix: bool | None = None,  # encode a group's shared prompt once; None: on except under FSDP
+        # frozen teacher for on-policy distillation (any causal LM folder with this model's tokenizer): it scores
+        # the sampled tokens at the sampling temperature, stored in the compute dtype and sharded like the
+        # reference (docs/distillation.md); None: no teacher
+        teacher_model_path: str | None = None,
     ):
+        if isinstance(teacher_model_path, str):  # before any model loads: ids must mean the same tokens
+            check_same_vocabulary(model_path, teacher_model_path)
         self.plan = plan_policy(
             model_path=model_path, objective=objective, ref_model_path=ref_model_path, engine=engine,
             training=training, dtype=dtype, logits_block_elements=logits_block_elements,
             fused_lm_head=fused_lm_head, adapter=adapter, shared_prefix=shared_prefix,
             on_gpu=torch.cuda.is_available(),  # the device make_accelerator gives this process
+            teacher_model_path=teacher_model_path,
         )
         compute_dtype = training.compute_dtype
         self.objective = objective
@@ -102,6 +114,11 @@ class PolicyWorker(PublishesWeights):
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
             self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype)
             self.ref_model.eval().requires_grad_(False)
+        self.teacher_model = None
+        if self.plan.teacher_model:  # a sibling of the reference: frozen, in the compute dtype, sharded alike
+            teacher = causal_lm_source(teacher_model_path, compute_dtype)
+            self.teacher_model = place_model(teacher, self.trainer.strategy, self.trainer.device, compute_dtype)
+            self.teacher_model.eval().requires_grad_(False)
         self.engine = for_policy(self.plan.engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)
         self.hybrid = HybridEngine(self.engine, self._rollout_weights, sleeps=objective is not None,
@@ -129,6 +146,8 @@ class PolicyWorker(PublishesWeights):
         models = {"actor": lambda: causal_lm_source(plan.model_path, plan.dtype)}
         if plan.reference_model:
             models["reference"] = lambda: causal_lm_source(plan.ref_model_path, plan.compute_dtype)
+        if plan.teacher_model:
+            models["teacher"] = lambda: causal_lm_source(plan.teacher_model_path, plan.compute_dtype)
         if plan.engine_copy:
             models["rollout engine"] = lambda: causal_lm_source(plan.model_path, plan.engine.dtype)
         line = describe_placement(plan.training.strategy, on_gpu, world_size, models, whole=["rollout engine"])
@@ -155,14 +174,17 @@ class PolicyWorker(PublishesWeights):
     @classmethod
     def preflight(cls, arguments: dict) -> None:
         """Before any stage runs (see rlhf.runtime.preflight_hooks): every model path given as a string must
-        resolve, and a trained policy must keep fp32 master weights. `training` is a TrainingSetup or
+        resolve, a trained policy must keep fp32 master weights, and a teacher's tokenizer must be the policy's
+        (`rlhf.models.vocabulary`: the first differing tokens are named). `training` is a TrainingSetup or
         its unbuilt node: both answer attribute reads, with the signature's defaults."""
         a = with_defaults(cls, arguments)
         if a["objective"] is not None:
             check_trainable_precision("PolicyWorker", a["dtype"], a["training"].compute_dtype)
-        for path in (a["model_path"], a["ref_model_path"]):
+        for path in (a["model_path"], a["ref_model_path"], a["teacher_model_path"]):
             if isinstance(path, str):
                 resolve_model_path(path)
+        if isinstance(a["model_path"], str) and isinstance(a["teacher_model_path"], str):
+            check_same_vocabulary(a["model_path"], a["teacher_model_path"])
 
     # ------------------------------------------------------------- rollout
     @shard
@@ -257,6 +279,34 @@ class PolicyWorker(PublishesWeights):
             )
         return self._log_probs_batched(self.ref_model, batch, "ref_log_probs")
 
+    @shard
+    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+        """`teacher_log_probs` (B,T): the frozen teacher's log-probs of the sampled tokens at the sampling
+        temperature (logits / T, then log-softmax, as `old_log_probs`); with a top-k distillation loss in the
+        objective also `teacher_top_k_ids` and `teacher_top_k_log_probs` (B,T,K), from the same forward."""
+        return self._teacher_log_probs(batch)
+
+    def _teacher_log_probs(self, batch: Batch) -> Batch:
+        if self.teacher_model is None:
+            raise RuntimeError(
+                "the teacher's log-probs were asked for (on-policy distillation), but this policy worker has no "
+                "teacher; set PolicyWorker.teacher_model_path (docs/distillation.md)."
+            )
+        k = self.plan.teacher_top_k
+        if not k:
+            return self._log_probs_batched(self.teacher_model, batch, "teacher_log_probs")
+        temperature = batch.require_meta("temperature", "PolicyWorker (teacher_log_probs)")
+
+        def forward(micro: Batch) -> torch.Tensor:
+            with self.trainer.autocast():
+                return teacher_scores(self.teacher_model, micro, temperature, k, shared_prefix=self.shared_prefix,
+                                      block_elements=self.logits_block_elements)
+
+        scores = self.trainer.map_micro_batches(batch, forward)
+        return Batch({"teacher_log_probs": scores[..., 0].float(),
+                      "teacher_top_k_log_probs": scores[..., 1:1 + k].float(),
+                      "teacher_top_k_ids": scores[..., 1 + k:].round().long()})
+
     # -------------------------------------------------------------- update
     @shard_exact
     def update(self, batch: Batch) -> dict[str, float]:
@@ -269,6 +319,11 @@ class PolicyWorker(PublishesWeights):
         if getattr(self.objective, "needs_ref", False) and not has_ref:
             batch = batch.union(self._ref_log_probs(batch))  # see requirements
             ref_seconds = time.perf_counter() - start
+        top_k = self.plan.teacher_top_k
+        if top_k and "teacher_top_k_ids" not in batch:  # like the reference's: this rank's rows, here
+            teacher_start = time.perf_counter()
+            batch = batch.union(self._teacher_log_probs(batch).select(["teacher_top_k_ids", "teacher_top_k_log_probs"]))
+            ref_seconds += time.perf_counter() - teacher_start
         temperature = batch.require_meta("temperature", "PolicyWorker.update")
         entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
         unwrapped = self.trainer.unwrapped()
@@ -276,14 +331,22 @@ class PolicyWorker(PublishesWeights):
         gap = RolloutGap(batch)
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
-            log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
-                                                    shared_prefix=self.shared_prefix, prefix_model=unwrapped,
-                                                    block_elements=self.logits_block_elements,
-                                                    fused_lm_head=fused, keep_logits=self.keep_logits)
+            extra, own_top_k = {}, None
+            if top_k:  # the teacher's top-k tokens under the student need the full logits: not fused
+                log_probs, entropy, extra["top_k_log_probs"], own_top_k = response_log_probs_with_top_k(
+                    self.trainer.model, micro, temperature, micro["teacher_top_k_ids"],
+                    shared_prefix=self.shared_prefix, prefix_model=unwrapped, block_elements=self.logits_block_elements)
+            else:
+                log_probs, entropy = response_log_probs(self.trainer.model, micro, temperature, with_entropy=True,
+                                                        shared_prefix=self.shared_prefix, prefix_model=unwrapped,
+                                                        block_elements=self.logits_block_elements,
+                                                        fused_lm_head=fused, keep_logits=self.keep_logits)
             entropy_metric = entropy.detach()
             loss, metrics = self.objective(log_probs, entropy if entropy_grad else entropy_metric, micro,
-                                           num_tokens=num_tokens, num_seqs=num_seqs)
+                                           num_tokens=num_tokens, num_seqs=num_seqs, **extra)
             mask = micro["response_mask"]
+            if own_top_k is not None:
+                metrics["distill/top_k_overlap"] = top_k_overlap(own_top_k, micro["teacher_top_k_ids"], mask)
             metrics["actor/entropy"] = (entropy_metric * mask).sum() / mask.sum().clamp(min=1)
             metrics.update(gap.from_micro_batch(log_probs, micro))
             return loss, metrics
@@ -294,7 +357,7 @@ class PolicyWorker(PublishesWeights):
         self.hybrid.weights_changed()
         out["timing_s/update_worker"] = time.perf_counter() - start
         if ref_seconds:
-            out["timing_s/ref_in_update"] = ref_seconds
+            out["timing_s/ref_in_update"] = ref_seconds  # the reference's and (top-k) the teacher's forwards
         return out
 
     @on_all_ranks
@@ -352,6 +415,8 @@ class PolicyWorker(PublishesWeights):
         """Bytes of parameters this rank holds, per model (under FSDP: its shards); a reference that is
         the actor's base with the adapter disabled holds none of its own."""
         models = {"actor": self.trainer.model} | ({"reference": self.ref_model} if self.ref_model is not None else {})
+        if self.teacher_model is not None:
+            models["teacher"] = self.teacher_model
         held = {name: local_parameter_bytes(model) for name, model in models.items()}
         return held | ({"reference": 0} if self.ref_is_base else {})
 

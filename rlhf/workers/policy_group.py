@@ -47,6 +47,10 @@ class PolicyGroup(Protocol):
         """`PolicyWorker.compute_ref_log_probs`: `ref_log_probs` (B,T)."""
         ...
 
+    def compute_teacher_log_probs(self, batch: Batch) -> Batch:
+        """`PolicyWorker.compute_teacher_log_probs`: `teacher_log_probs` (B,T) (and the teacher's top-k columns)."""
+        ...
+
     def update(self, batch: Batch) -> list[dict[str, float]]:
         """`PolicyWorker.update` on every rank's exact shard: each rank's metrics."""
         ...

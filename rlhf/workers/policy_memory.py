@@ -3,11 +3,14 @@
 The terms are `rlhf.workers.memory`'s; what this module decides is which of them a policy rank holds
 in each phase (generation, no-grad log-probs, update), read from the same plan the worker is built
 from: the actor (trained in fp32 with its optimizer state, or frozen), a reference policy of its own,
-the rollout engine (sharing the actor, a copy of its own in its dtype, or vLLM's share of the device).
+a teacher (on-policy distillation: frozen like the reference, of its own shape, with its no-grad forward
+in the log-prob phase), the rollout engine (sharing the actor, a copy of its own in its dtype, or vLLM's
+share of the device).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 from rlhf.rollout.vllm_engine import device_share
@@ -40,7 +43,7 @@ def predict_policy_memory(plan: PolicyPlan, workload: Workload, placement: Place
 
 
 def _held(plan: PolicyPlan, shape: ModelShape, placement: Placement, generates: bool) -> tuple[list[Term], list[Term]]:
-    """(device, host) terms held through the step: the actor, a reference of its own, the engine's copy."""
+    """(device, host) terms held through the step: the actor, a reference of its own, a teacher, the engine's copy."""
     if plan.trained:
         device, host = trained_model_terms(shape, HEAD, placement, optimizer_states=0 if plan.adapter else 2,
                                            label="actor")
@@ -50,6 +53,9 @@ def _held(plan: PolicyPlan, shape: ModelShape, placement: Placement, generates: 
         device, host = frozen_model_terms(shape, HEAD, plan.dtype, placement, "actor"), []
     if plan.reference_model:  # a LoRA reference that is the actor's base costs nothing
         device += frozen_model_terms(model_shape(plan.ref_model_path), HEAD, plan.compute_dtype, placement, "reference")
+    if plan.teacher_model:  # a sibling of the reference, of its own shape (a teacher is often larger)
+        teacher = model_shape(plan.teacher_model_path)
+        device += frozen_model_terms(teacher, HEAD, plan.compute_dtype, placement, "teacher")
     if plan.engine_copy and plan.engine.decodes_in_process:  # its own unsharded copy; its sleep frees nothing
         device += frozen_model_terms(shape, HEAD, plan.engine.dtype, _unsharded(placement), "rollout engine")
     elif plan.engine_copy and generates and placement.device != "cuda":  # vLLM's CPU build cannot sleep:
@@ -88,7 +94,18 @@ def _generation(
 
 
 def _log_probs(plan: PolicyPlan, shape: ModelShape, workload: Workload, placement: Placement) -> list[Term]:
-    """One no-grad forward micro-batch (old or reference log-probs) and its logits."""
+    """One no-grad forward micro-batch (old, reference or teacher log-probs) and its logits: the larger of the
+    actor's and the teacher's (whose top-k needs its full logits, not the fused head)."""
+    moments = [_no_grad_forward(plan, shape, workload, placement, plan.fused_lm_head)]
+    if plan.teacher_model:
+        teacher = model_shape(plan.teacher_model_path)
+        moments.append(_no_grad_forward(plan, teacher, workload, placement,
+                                        plan.fused_lm_head and not plan.teacher_top_k, "teacher "))
+    return largest(*moments)
+
+
+def _no_grad_forward(plan: PolicyPlan, shape: ModelShape, workload: Workload, placement: Placement, fused: bool,
+                     label: str = "") -> list[Term]:
     training, compute = plan.training, plan.compute_dtype
     p, r, n = workload.prompt_tokens, workload.response_tokens, workload.n
     rows, width = micro_batch(workload.rows, workload.tokens, training.micro_batch_size,
@@ -97,8 +114,9 @@ def _log_probs(plan: PolicyPlan, shape: ModelShape, workload: Workload, placemen
         fwd = shared_prefix_forward_terms(shape, rows, max(1, rows // n), p, r, compute)
     else:
         fwd = forward_terms(shape, rows, width, compute, placement)
-    fwd = fwd + logit_terms(shape, rows, r, compute, plan.fused_lm_head, False, placement.device,
-                            plan.logits_block_elements)
+    fwd = fwd + logit_terms(shape, rows, r, compute, fused, False, placement.device, plan.logits_block_elements)
+    if label:
+        fwd = [dataclasses.replace(t, name=label + t.name) for t in fwd]
     return largest(fwd, fsdp_forward_start_terms(shape, HEAD, compute, placement))
 
 
@@ -117,7 +135,9 @@ def _update(
             late = shared_prefix_backward_terms(acts[0], shape.parameters(HEAD))
     else:
         acts = training_activation_terms(shape, rows, width, compute, training.gradient_checkpointing, placement)
-    backward = acts + logit_terms(shape, rows, r, compute, plan.fused_lm_head, True, placement.device,
+    # a top-k distillation loss reads the teacher's tokens from the full logits: the model's own head, not fused
+    fused = plan.fused_lm_head and not plan.teacher_top_k
+    backward = acts + logit_terms(shape, rows, r, compute, fused, True, placement.device,
                                   plan.logits_block_elements, with_blocks=False)
     blocks = log_prob_block_terms(shape, rows, r, True, placement.device, plan.logits_block_elements)
     return update_terms(shape, HEAD, compute, placement, device, backward, math.ceil(mini / rows), "actor",

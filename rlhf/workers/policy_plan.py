@@ -3,13 +3,14 @@
 The constructor builds what the plan says, the memory planner counts what it says
 (`rlhf.workers.policy_memory`) and the plan line names it (`PolicyWorker.describe_placement`):
 one function decides whether the engine shares the actor's module or keeps its own copy (and in
-which dtype), whether the reference policy is the adapted actor's base or a model of its own,
+which dtype), whether the reference policy is the adapted actor's base or a model of its own, whether a
+frozen teacher (on-policy distillation) sits beside them and how many top-k tokens it returns,
 whether a group's shared prompt is encoded once and whether the LM head is fused into the
 log-prob kernel. Before, each of those read the arguments again and they drifted apart (an
 engine with its own bf16 copy was built, but not counted).
 
-Pure: nothing is loaded. `model_path` and `ref_model_path` may be `ModelShape`s instead of
-paths (tests, `rlhf plan --memory`).
+Pure: nothing is loaded. `model_path`, `ref_model_path` and `teacher_model_path` may be `ModelShape`s
+instead of paths (tests, `rlhf plan --memory`).
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ class PolicyPlan:
     fused_lm_head_required: bool  # ... and the head must allow it (asked for explicitly)
     keep_logits: bool  # the fused head keeps its logits for backward (CPU: compute first) or recomputes (GPU)
     logits_block_elements: int | None  # float32 elements per log-prob block; None: per device
+    teacher_model_path: Any = None  # a frozen teacher (on-policy distillation), stored like the reference; None: none
+    teacher_top_k: int = 0  # tokens per position the teacher returns for a top-k loss of the objective; 0: none
 
     @property
     def compute_dtype(self) -> str:
@@ -74,15 +77,29 @@ class PolicyPlan:
         return self.ref_model_path is not None and not self.reference_is_base
 
     @property
+    def teacher_model(self) -> bool:
+        """A frozen teacher is loaded (in the compute dtype, sharded like the reference)."""
+        return self.teacher_model_path is not None
+
+    @property
     def engine_copy(self) -> bool:
         """The engine holds a second copy of the weights, which the actor's are streamed into after updates."""
         return not self.engine.shares_actor
 
 
+def _teacher_top_k(objective: Any) -> int:
+    """k of the objective's top-k distillation loss (`PolicyObjective.distill_loss`), 0 without one; reads the
+    objective or its unbuilt graph node alike (the memory preflight plans from nodes)."""
+    loss = getattr(objective, "distill_loss", None)
+    k = getattr(loss, "k", 0) if loss is not None else 0
+    return k if isinstance(k, int) else 0
+
+
 def plan_policy(
     *, model_path: Any, objective: Callable | None, ref_model_path: Any, engine: EngineFactory,
     training: TrainingSetup, dtype: str, logits_block_elements: int | None, fused_lm_head: bool | None,
-    adapter: Callable | None, shared_prefix: bool | None, on_gpu: bool, **_unused: Any,
+    adapter: Callable | None, shared_prefix: bool | None, on_gpu: bool, teacher_model_path: Any = None,
+    **_unused: Any,
 ) -> PolicyPlan:
     """The plan of a `PolicyWorker` built with these arguments on a device with (`on_gpu`) or without a GPU.
     Raises ValueError on settings that contradict each other, naming the fix. `_unused`: the worker's other
@@ -95,6 +112,13 @@ def plan_policy(
             "the policy objective needs a reference policy (a KL loss, or a DPO-family loss), but "
             "PolicyWorker.ref_model_path is None. Set ref_model_path (usually the initial model path), or remove "
             "the KL loss (or use a reference-free loss such as SimPOLoss)."
+        )
+    teacher_top_k = _teacher_top_k(objective)
+    if teacher_top_k and teacher_model_path is None:
+        raise ValueError(
+            f"the policy objective has a top-k distillation loss (k={teacher_top_k}) but PolicyWorker."
+            "teacher_model_path is None. Set teacher_model_path to the teacher's model folder, or remove "
+            "the objective's distill_loss."
         )
     if shared_prefix and training.gradient_checkpointing:
         raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
@@ -112,4 +136,5 @@ def plan_policy(
         # a CPU has memory to spare and compute to save: keep the logits, turned into their gradient in
         # place (one (B,T,V) tensor, where the model's own head allocates two); a GPU recomputes them
         keep_logits=not on_gpu, logits_block_elements=logits_block_elements,
+        teacher_model_path=teacher_model_path, teacher_top_k=teacher_top_k,
     )

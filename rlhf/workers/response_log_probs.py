@@ -12,12 +12,12 @@ import contextlib
 
 import torch
 
-from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy
+from rlhf.algos import linear_log_probs_and_entropy, log_probs_and_entropy, log_probs_at, top_k_log_probs
 from rlhf.batch import Batch
 from rlhf.models.lm_head import lm_head_bypassed
 from rlhf.models.shared_prefix import response_logits
 
-__all__ = ["response_log_probs", "response_outputs"]
+__all__ = ["response_log_probs", "response_outputs", "response_log_probs_with_top_k", "teacher_scores"]
 
 
 def response_log_probs(
@@ -55,6 +55,38 @@ def response_log_probs(
                                             keep_logits=keep_logits)
     return log_probs_and_entropy(outputs, responses, temperature=temperature, with_entropy=with_entropy,
                                  max_block_elements=block_elements)
+
+
+def response_log_probs_with_top_k(
+    model: torch.nn.Module,
+    batch: Batch,
+    temperature: float,
+    ids: torch.Tensor,
+    shared_prefix: bool = False,
+    prefix_model: torch.nn.Module | None = None,
+    block_elements: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For a top-k distillation loss: from one forward with the model's own head (the full (B,T,V) logits,
+    not fused), the sampled tokens' log-probs (B,T) and entropy (B,T), the log-probs of `ids` (B,T,K; the
+    teacher's top-k) (B,T,K), all with gradient, and the model's own top-k ids (B,T,K) (no gradient)."""
+    logits = response_outputs(model, batch, shared_prefix, prefix_model)
+    log_probs, entropy = log_probs_and_entropy(logits, batch["responses"], temperature=temperature,
+                                               with_entropy=True, max_block_elements=block_elements)
+    at_ids = log_probs_at(logits, ids, temperature=temperature, max_block_elements=block_elements)
+    own = logits.detach().topk(ids.shape[-1], dim=-1).indices
+    return log_probs, entropy, at_ids, own
+
+
+@torch.no_grad()
+def teacher_scores(model: torch.nn.Module, batch: Batch, temperature: float, top_k: int, shared_prefix: bool = False,
+                   block_elements: int | None = None) -> torch.Tensor:
+    """A teacher's view of the sampled responses from one forward: (B,T,1+2K) float64 holding the sampled
+    tokens' log-probs, then its top-k tokens' log-probs, then their ids (exact in float64), all at `temperature`."""
+    logits = response_outputs(model, batch, shared_prefix, None)
+    log_probs = log_probs_and_entropy(logits, batch["responses"], temperature=temperature,
+                                      max_block_elements=block_elements)[0]
+    ids, top = top_k_log_probs(logits, top_k, temperature=temperature, max_block_elements=block_elements)
+    return torch.cat([log_probs.unsqueeze(-1).double(), top.double(), ids.double()], dim=-1)
 
 
 def response_outputs(model, batch: Batch, shared_prefix: bool, prefix_model) -> torch.Tensor:

@@ -231,3 +231,42 @@ def test_sum_pi_squared_in_blocks_at_a_temperature():
     bf16 = sum_pi_squared_from_logits(logits.to(torch.bfloat16), temperature=0.7, max_block_elements=11)
     assert bf16.dtype == torch.float32
     torch.testing.assert_close(bf16, expected.float(), atol=2e-2, rtol=2e-2)
+
+
+@settings(max_examples=25)
+@given(
+    st.integers(1, 3), st.integers(1, 5), st.integers(2, 9), st.integers(1, 4), st.integers(1, 200),
+    st.sampled_from([0.5, 1.0, 1.7]), st.integers(0, 2**31 - 1),
+)
+def test_log_probs_at_matches_log_softmax_value_and_grad(B, T, V, K, budget, temperature, seed):
+    """The K-token gather (a teacher's top-k under the student) against log_softmax(z / tau).gather, in value and
+    gradient, with repeated ids and block budgets down to one row."""
+    from rlhf.algos.logprobs import log_probs_at, top_k_log_probs
+
+    g = torch.Generator().manual_seed(seed)
+    logits = (torch.randn(B, T, V, generator=g, dtype=torch.float64) * 3).requires_grad_(True)
+    ids = torch.randint(0, V, (B, T, K), generator=g)
+    upstream = torch.randn(B, T, K, generator=g, dtype=torch.float64)
+    lp = log_probs_at(logits, ids, temperature=temperature, max_block_elements=budget)
+    (grad,) = torch.autograd.grad((lp * upstream).sum(), logits)
+    ref = torch.log_softmax(logits / temperature, -1).gather(-1, ids)
+    (ref_grad,) = torch.autograd.grad((ref * upstream).sum(), logits)
+    torch.testing.assert_close(lp, ref)
+    torch.testing.assert_close(grad, ref_grad)
+    k = min(K, V)
+    top_ids, top_lp = top_k_log_probs(logits, k, temperature=temperature)
+    torch.testing.assert_close(top_lp, torch.log_softmax(logits.detach() / temperature, -1).topk(k).values)
+    assert not top_lp.requires_grad
+
+
+def test_log_probs_at_by_hand():
+    # logits [0, ln 3] at temperature 1: p = [1/4, 3/4];
+    # at temperature 2: z/2 = [0, ln 3 / 2], p = [1, sqrt 3] / (1 + sqrt 3)
+    from rlhf.algos.logprobs import log_probs_at
+
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])
+    ids = torch.tensor([[[1, 0]]])
+    torch.testing.assert_close(log_probs_at(logits, ids), torch.tensor([[[math.log(0.75), math.log(0.25)]]]))
+    s3 = math.sqrt(3.0)
+    torch.testing.assert_close(log_probs_at(logits, ids, temperature=2.0),
+                               torch.tensor([[[math.log(s3 / (1 + s3)), math.log(1 / (1 + s3))]]]))

@@ -72,3 +72,16 @@ def test_missing_response_field_names_the_row(tok):
     rows = arithmetic_rows(2)
     with pytest.raises(DataError, match="row 0 has no response text"):
         SFTDataset(rows, tok, response=lambda row: row["extra_info"]["solution"])
+
+
+def test_an_sft_stage_with_a_response_key_passes_the_preflight(tmp_path):
+    """`rlhf sft --response-key` puts `fdl.Partial(answer_from_extra_info, key=...)` in the graph: the dataset's
+    preflight hook leaves that node to the stage's build instead of calling it (it is not callable)."""
+    from rlhf.data.files import write_rows
+    from rlhf.runtime.preflight_hooks import hook_problems
+    from rlhf_configs.sft import sft_stage
+
+    rows = [{**row, "extra_info": {**row["extra_info"], "teacher_response": "The answer is 5."}}
+            for row in arithmetic_rows(4)]
+    path = write_rows(rows, tmp_path / "rows.parquet")
+    assert hook_problems(sft_stage(tiny_model_path(), str(path), response_key="teacher_response")) == []

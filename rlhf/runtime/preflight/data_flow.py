@@ -1,7 +1,8 @@
 """Data-flow and stage-order rules: what one part of a graph needs from another.
 
 - an advantage estimator that needs a critic in a trainer without one, a KL loss or KL penalty
-  with no reference model, a group estimator with one sample per prompt (the rules of
+  with no reference model, a distillation estimator with no teacher, a group estimator with one
+  sample per prompt (the rules of
   `rlhf.algos.requirements`, which the trainer reads too), reported with the graph path to change;
 - a stage using the output of a stage that does not run before it;
 - (warnings) a `critic_warmup` that leaves the actor untrained: not below `total_steps`, or
@@ -20,7 +21,7 @@ import datasets
 import fiddle as fdl
 from fiddle import daglish
 
-from rlhf.algos.requirements import reference_problems, setup_problems, staleness_problems
+from rlhf.algos.requirements import reference_problems, setup_problems, staleness_problems, teacher_problems
 from rlhf.data.arrow import data_sources, is_validated
 from rlhf.runtime.preflight.graph import args, callable_of, cli_path, get, is_a, nodes, stage_prefix
 from rlhf.runtime.remote import Remote, StageOutput
@@ -67,14 +68,18 @@ def data_flow_problems(name: str, stage: Any) -> tuple[list[str], list[str]]:
             arguments = args(node)
             estimator = arguments.get("advantage")
             n = get(arguments.get("sampling"), "n")
+            # the estimator itself where it builds (small objects): one that wraps a task estimator has its needs
+            estimator = (_built_or_none(estimator) or callable_of(estimator)) if estimator is not None else None
             problems = setup_problems(
-                callable_of(estimator), n=n if isinstance(n, int) else None,
+                estimator, n=n if isinstance(n, int) else None,
                 has_critic=arguments.get("critic") is not None,
                 dynamic_sampling=arguments.get("dynamic_sampling") is not None,
             ) if estimator is not None else []
             warnings += critic_warmup_warnings(where, arguments)
             policy = arguments.get("policy")
             worker = get(policy, "worker")
+            if estimator is not None and is_a(policy, Remote) and is_a(worker, PolicyWorker):
+                problems += teacher_problems(estimator, has_teacher=get(worker, "teacher_model_path") is not None)
             if arguments.get("kl_in_reward") is not None and is_a(policy, Remote) and is_a(worker, PolicyWorker):
                 has_ref = get(worker, "ref_model_path") is not None
                 problems += reference_problems(kl_loss=False, kl_in_reward=True, has_ref=has_ref)

@@ -1,0 +1,42 @@
+"""benchmarks/distillation.py's bookkeeping: minutes to 90% of the teacher, each method's entry, the verdict."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+
+import distillation  # noqa: E402
+
+CURVE = [{"step": 4, "minutes": 5.0, "lenient": 0.30}, {"step": 8, "minutes": 10.0, "lenient": 0.55},
+         {"step": 12, "minutes": 15.0, "lenient": 0.50}]
+
+
+def test_minutes_to_the_first_validation_at_or_above_the_threshold():
+    assert distillation.minutes_to(CURVE, "lenient", 0.55) == 10.0  # at, not only above
+    assert distillation.minutes_to(CURVE, "lenient", 0.54) == 10.0  # the first, though a later one falls
+    assert distillation.minutes_to(CURVE, "lenient", 0.6) is None
+    assert distillation.minutes_to(CURVE, "strict", 0.1) is None  # a metric the curve lacks never reaches it
+
+
+def test_each_method_starts_at_the_base_accuracy_at_minute_zero():
+    # teacher 0.6 -> 90% of it is 0.54: reached at 10 minutes; the final validation is the last point
+    entry = distillation.summarise("opd", {"curve": CURVE}, "lenient", teacher_accuracy=0.6, base_accuracy=0.06)
+    assert entry["curve"][0] == {"step": 0, "minutes": 0.0, "lenient": 0.06}
+    assert entry["final_accuracy"] == 0.50 and entry["minutes_to_90pct_teacher"] == 10.0
+    failed = {"error": ["boom"], "log": "x.log"}
+    assert distillation.summarise("sft", failed, "lenient", 0.6, 0.06) == failed
+
+
+def entry(minutes):
+    return {"minutes_to_90pct_teacher": minutes}
+
+
+def test_verdict_against_the_target():
+    assert distillation.verdict({"opd": entry(10.0), "grpo": entry(30.0)}, 0.6, 0.06)["met"]  # exactly a third
+    assert not distillation.verdict({"opd": entry(10.1), "grpo": entry(30.0)}, 0.6, 0.06)["met"]
+    assert distillation.verdict({"opd": entry(10.0), "grpo": entry(None)}, 0.6, 0.06)["met"]  # GRPO never did
+    assert not distillation.verdict({"opd": entry(None), "grpo": entry(None)}, 0.6, 0.06)["met"]
+    assert not distillation.verdict({"opd": entry(5.0), "grpo": {"error": ["x"]}}, 0.6, 0.06)["met"]  # no GRPO run
+    # a student already at 90% of its teacher: nothing to compare
+    same = distillation.verdict({"opd": entry(0.0), "grpo": entry(0.0)}, 0.0, 0.0)
+    assert same["met"] is None and "nothing to compare" in same["note"]
