@@ -34,7 +34,7 @@ from rlhf.workers.accelerator import make_accelerator
 from rlhf.workers.fsdp import (
     FSDP, Strategy, build_sharded, full_tensor, is_sharded, local_tensor, resolve_strategy, shard_model,
 )
-from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens
+from rlhf.workers.micro_batches import MicroBatches, restore_order, row_units, split_by_tokens
 from rlhf.workers.precision import DType, autocast, torch_dtype
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
@@ -133,22 +133,32 @@ class ModelTrainer:
         t = torch.tensor([value], dtype=torch.float64, device=self.device)
         return float(self.accelerator.reduce(t, reduction="sum").item())
 
-    def micro_batches(self, batch: Batch, max_tokens: int | None = None) -> MicroBatches:
+    def micro_batches(self, batch: Batch, max_tokens: int | None = None, whole_units: bool = False) -> MicroBatches:
         """`batch` (on the host) cut into the micro-batches one forward/backward processes.
 
         With a token budget: rows grouped by length, each micro-batch trimmed to its longest row
         (rlhf.workers.micro_batches.split_by_tokens); every rank then runs as many micro-batches
         as the rank that needs most (FSDP's collectives need the same number of forwards).
-        Without one: `micro_batch_size` rows each, in order.
+        Without one: `micro_batch_size` rows each, in order. `whole_units`: rows of one unit
+        (`row_units`: one `uid`, e.g. a preference pair) always share a micro-batch.
         """
         if max_tokens is None:
-            parts = batch.split(self.setup.micro_batch_size)
-            return MicroBatches(parts, np.arange(len(batch)), 0)
-        split = split_by_tokens(batch, max_tokens)
+            if not whole_units:
+                parts = batch.split(self.setup.micro_batch_size)
+                return MicroBatches(parts, np.arange(len(batch)), 0)
+            chunks = unit_chunks(row_units(batch), self.setup.micro_batch_size)
+            return MicroBatches([batch.index(rows) for rows in chunks], np.arange(len(batch)), 0)
+        split = split_by_tokens(batch, max_tokens, whole_units=whole_units)
         if self.world_size > 1:
             most = int(self.accelerator.gather(torch.tensor([len(split.parts)], device=self.device)).max())
             if most > len(split.parts):
-                split = split_by_tokens(batch, max_tokens, min_micro_batches=most)
+                split = split_by_tokens(batch, max_tokens, min_micro_batches=most, whole_units=whole_units)
+                if len(split.parts) < most:  # only when ranks hold different numbers of units
+                    raise RuntimeError(
+                        f"rank {self.rank} holds {len(split.parts)} unit(s) of rows that must stay together, but "
+                        f"another rank runs {most} micro-batches (FSDP needs the same number of forwards on every "
+                        "rank): give every rank the same number of units (e.g. preference pairs)"
+                    )
         return split
 
     def map_micro_batches(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
@@ -158,12 +168,14 @@ class ModelTrainer:
         parts = [forward(micro.to(self.device)).cpu() for micro in split.parts]
         return restore_order(parts, split.order, batch["responses"].shape[1])
 
-    def update(self, batch: Batch, micro_loss: MicroLoss) -> dict[str, float]:
+    def update(self, batch: Batch, micro_loss: MicroLoss, whole_units: bool = False) -> dict[str, float]:
         """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics.
 
         Token and sequence counts come from the host copy of the batch and metrics are summed
         on the device, so the loop's only host syncs are the gradient-norm check per optimizer
         step and one transfer of all metrics at the end. No gradient outlives the call.
+        `whole_units`: the rows of one unit (one `uid`: a preference pair, whose loss needs both)
+        are never cut apart by a mini- or micro-batch boundary.
         """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
@@ -171,15 +183,20 @@ class ModelTrainer:
         batch = batch.to("cpu")
         sums: dict[str, Metric] = {}
         weights: dict[str, float] = defaultdict(float)
-        mini_size = math.ceil(len(batch) / self.setup.mini_batches)
+        if whole_units:
+            units = row_units(batch)
+            minis = [batch.index(np.concatenate(part)) for part in
+                     _even_parts(units, min(self.setup.mini_batches, len(units)))]
+        else:
+            minis = batch.split(math.ceil(len(batch) / self.setup.mini_batches))
         grad_norms: list[float] = []
         skipped = over_budget = micro_count = 0
         for _ in range(self.setup.epochs):
-            for mini in batch.split(mini_size):
+            for mini in minis:
                 num_tokens = self.global_sum(float(mini["response_mask"].sum()))
                 num_seqs = self.global_sum(float(len(mini)))
                 self.optimizer.zero_grad(set_to_none=True)
-                split = self.micro_batches(mini, self.setup.max_tokens_per_micro_batch)
+                split = self.micro_batches(mini, self.setup.max_tokens_per_micro_batch, whole_units)
                 micros, over_budget = split.parts, over_budget + split.over_budget
                 for i, micro in enumerate(micros):
                     tokens = float(micro["response_mask"].sum())
@@ -273,6 +290,24 @@ class ModelTrainer:
     def parameters_finite(self) -> bool:
         """Whether this rank's parameters (its shards under FSDP) are all finite."""
         return all(torch.isfinite(local_tensor(p)).all() for p in self.unwrapped().parameters())
+
+
+def unit_chunks(units: list[np.ndarray], max_rows: int) -> list[np.ndarray]:
+    """Consecutive units joined into chunks of at most `max_rows` rows (a larger unit is a chunk alone)."""
+    chunks: list[list[np.ndarray]] = []
+    rows = 0
+    for unit in units:
+        if not chunks or rows + len(unit) > max_rows:
+            chunks.append([])
+            rows = 0
+        chunks[-1].append(unit)
+        rows += len(unit)
+    return [np.concatenate(chunk) for chunk in chunks]
+
+
+def _even_parts(units: list[np.ndarray], k: int) -> list[list[np.ndarray]]:
+    """`units` in k consecutive parts of near-equal unit counts (the first ones one larger)."""
+    return [[units[i] for i in part] for part in np.array_split(np.arange(len(units)), k)]
 
 
 def build_optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:
