@@ -22,6 +22,7 @@ from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.async_rollout import Correction, Placement, use_async_rollout
+from rlhf_configs.tasks import use_reward_model
 
 
 def local(cfg: fdl.Config[Experiment]) -> None:
@@ -77,6 +78,16 @@ def lora(cfg: fdl.Config[Experiment], **options) -> None:
     for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
         if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
             worker.adapter = fdl.Config(LoRA, **options)
+def reward_model(cfg: fdl.Config[Experiment], path: str, weight: float = 1.0, rule_weight: float = 1.0,
+                 tokenizer_path: str | None = None, max_length: int = 2048, normalize: bool = True) -> None:
+    """Score every RL stage's samples with a reward model (a sequence-classification folder, e.g. `rlhf rm`'s) as
+    well: score = rule_weight x rule + weight x RM; rule_weight=0 trains on the reward model alone and still reports
+    the rule as reward/rule/mean. `normalize`: apply the reward mean/std stored with the model (docs/rewards.md)."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_reward_model(stage, path, weight=weight, tokenizer_path=tokenizer_path, max_length=max_length,
+                         rule_weight=rule_weight, normalize=normalize)
+
+
 def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "auto",
                  correction: Correction = "bypass") -> None:
     """Asynchronous rollout, one step off policy (verl): while the trainer updates on batch k, a rollout group
