@@ -50,6 +50,7 @@ from rlhf.algos.logprobs import (
     sum_pi_squared_from_logits,
 )
 from rlhf.algos.masked import masked_max, masked_mean, masked_sum, masked_var, masked_whiten, masked_zero
+from rlhf.algos.pairs import split_pairs
 from rlhf.algos.pf_ppo import MaxMinWeights, MaxRandomWeights, PowWeights, pf_ppo_resample
 from rlhf.algos.policy_loss import (
     CISPOLoss,
@@ -78,6 +79,7 @@ from rlhf.algos.rollout_correction import (
     reduce_token,
 )
 from rlhf.algos.scan import masked_reverse_discounted_cumsum, reverse_discounted_cumsum
+from rlhf.algos.reward_model_loss import BradleyTerryLoss
 from rlhf.algos.value_loss import ClippedValueLoss
 
 __all__ = [
@@ -116,6 +118,9 @@ __all__ = [
     "REINFORCELoss",
     # value loss
     "ClippedValueLoss",
+    # preference pairs: reward-model loss
+    "split_pairs",
+    "BradleyTerryLoss",
     # KL
     "kl_k1",
     "kl_abs",
