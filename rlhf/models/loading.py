@@ -165,7 +165,13 @@ def hf_model_source(
     def load() -> torch.nn.Module:
         if on_missing is None:
             return finish(auto_class.from_pretrained(path, dtype=torch_dtype, **config_kwargs))
-        model, info = auto_class.from_pretrained(path, dtype=torch_dtype, output_loading_info=True, **config_kwargs)
+        verbosity = transformers.utils.logging.get_verbosity()
+        transformers.utils.logging.set_verbosity_error()  # its load report: `on_missing` says what matters
+        try:
+            model, info = auto_class.from_pretrained(path, dtype=torch_dtype, output_loading_info=True,
+                                                     **config_kwargs)
+        finally:
+            transformers.utils.logging.set_verbosity(verbosity)
         on_missing(model, sorted(info.get("missing_keys") or []))
         return finish(model)
 

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSequenceClassification, PreTrainedTokenizerBase
 
+from rlhf.algos import split_pairs
 from rlhf.batch import Batch
 from rlhf.data.tokenize import left_pad, position_ids
 from rlhf.models.loading import ModelSource, hf_model_source, load_tokenizer, resolve_model_path
@@ -63,6 +64,9 @@ def _missing_weights_check(path: str, new_head: bool) -> Callable[[torch.nn.Modu
         backbone = f"{model.base_model_prefix}."
         bad = [k for k in missing if k.startswith(backbone)] if new_head else list(missing)
         if not bad:
+            if missing:
+                print(f"[reward model] {path}: a new score head ({', '.join(missing)}), drawn from the training seed",
+                      flush=True)
             return
         head = [k for k in bad if not k.startswith(backbone)]
         if head and len(head) == len(bad):
@@ -115,13 +119,22 @@ def reward_stats(config: Any) -> tuple[float, float] | None:
 def conversation_ids(
     tokenizer: PreTrainedTokenizerBase, messages: Sequence[dict], response: str, max_length: int
 ) -> list[int]:
-    """Token ids of `messages` + the assistant `response` in the tokenizer's chat template.
+    """Token ids of `messages` + the assistant `response` in the tokenizer's chat template, ending at the
+    response's end-of-turn token: whitespace the template puts after it (ChatML's newline) is left out, as the
+    preference data leaves it out (rlhf.data.sft.conversation_ids), so a reward model trained here reads an RL
+    sample's score where it read its training pairs'.
 
     Longer conversations keep their last `max_length` tokens: the score is read at the last one.
     """
     chat = [*messages, {"role": "assistant", "content": response}]
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=False)
     ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    special = set(tokenizer.all_special_ids)
+    end = len(ids)
+    while end and ids[end - 1] not in special and not tokenizer.decode(ids[end - 1 : end]).strip():
+        end -= 1
+    if end and ids[end - 1] in special:  # only whitespace after the last special token: drop it
+        ids = ids[:end]
     return ids[-max_length:]
 
 
@@ -339,8 +352,9 @@ class RewardModelWorker:
     def update(self, batch: Batch) -> dict[str, float]:
         """One optimizer step (per mini-batch) of the pairwise loss on this rank's pairs.
 
-        Metrics (means over this rank's pairs): `rm/loss`, `rm/train/accuracy` (chosen scored above
-        rejected), `rm/train/margin` (mean chosen - rejected), and the trainer's `rm/grad_norm`, `rm/lr`."""
+        Metrics (means over this rank's pairs, scored before each step): `rm/loss` (the Bradley-Terry term),
+        `rm/train/accuracy` (chosen scored above rejected), `rm/train/margin` (mean chosen - rejected),
+        `rm/train/chosen_mean`, `rm/train/rejected_mean`, and the trainer's `rm/grad_norm`, `rm/lr`."""
         if self.loss is None:
             raise RuntimeError("this reward-model worker was built without a loss (inference only)")
         pair_ranks(batch, "RewardModelWorker.update")
@@ -351,22 +365,18 @@ class RewardModelWorker:
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             nonlocal pairs
             scores = self._scores(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
-            chosen, rejected = scores[0::2], scores[1::2]
-            margin = micro["margin"][0::2] if "margin" in micro else None
+            chosen, rejected = split_pairs(scores)
+            margin = split_pairs(micro["margin"])[0] if "margin" in micro else None
             loss, metrics = self.loss(chosen, rejected, margin, num_pairs=num_seqs / 2)
-            n = len(chosen)
-            pairs += n
-            for key, value in {**metrics, "accuracy": (chosen > rejected).float().mean(),
-                               "margin": (chosen - rejected).mean()}.items():
-                value = value.detach() if isinstance(value, torch.Tensor) else torch.tensor(float(value))
-                sums[key] = sums.get(key, 0.0) + value.float() * n
-            return loss, {}
+            pairs += len(chosen)
+            for key, value in metrics.items():  # means over the micro-batch's pairs: summed by pair here
+                sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float() * len(chosen)
+            return loss, {}  # not the trainer's token-weighted means: a pair counts once however long
 
         out = self.trainer.update(batch, micro_loss, whole_units=True)
-        names = {"loss": "rm/loss", "accuracy": "rm/train/accuracy", "margin": "rm/train/margin"}
         if sums:
             values = torch.stack(list(sums.values())).cpu().tolist()
-            out.update({names.get(k, f"rm/{k}"): v / max(pairs, 1) for k, v in zip(sums, values)})
+            out.update({("rm/loss" if k == "loss" else f"rm/train/{k}"): v / max(pairs, 1) for k, v in zip(sums, values)})
         out["timing_s/update_rm_worker"] = time.perf_counter() - start
         return out
 
