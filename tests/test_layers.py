@@ -45,6 +45,7 @@ FUNCTION_LEVEL: dict[str, str] = {
     "rlhf.cli.data": "`rlhf data --help` answers without pyarrow or the data generators",
     "rlhf.cli.prepare_preferences": "`rlhf data prepare preferences --help` answers without the graphs, torch and "
     "the runtimes",
+    "rlhf.cli.dpo": "`rlhf dpo --help` answers without the graph, torch and the runtimes",
     "rlhf.cli.sft": "`rlhf sft --help` answers without the graph, torch and the runtimes (8 s of CPU)",
     "rlhf.cli.rm": "`rlhf rm --help` answers without the graph, torch and the runtimes",
     "rlhf.cli.generate_eval": "`rlhf generate|eval|probe --help` answer without the graphs, torch and the runtimes",

@@ -79,6 +79,17 @@ from rlhf.algos.rollout_correction import (
     reduce_token,
 )
 from rlhf.algos.scan import masked_reverse_discounted_cumsum, reverse_discounted_cumsum
+from rlhf.algos.preference import (
+    DPOLoss,
+    IPOLoss,
+    PairLogProbs,
+    PairLoss,
+    PreferenceLoss,
+    RobustDPOLoss,
+    RPOLoss,
+    SimPOLoss,
+    preference_metrics,
+)
 from rlhf.algos.reward_model_loss import BradleyTerryLoss
 from rlhf.algos.value_loss import ClippedValueLoss
 
@@ -121,6 +132,16 @@ __all__ = [
     # preference pairs: reward-model loss
     "split_pairs",
     "BradleyTerryLoss",
+    # preference pairs: the DPO family
+    "PairLogProbs",
+    "PairLoss",
+    "PreferenceLoss",
+    "DPOLoss",
+    "RobustDPOLoss",
+    "IPOLoss",
+    "SimPOLoss",
+    "RPOLoss",
+    "preference_metrics",
     # KL
     "kl_k1",
     "kl_abs",

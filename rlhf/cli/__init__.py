@@ -12,10 +12,12 @@ parse their own, beside what they run: `rlhf serve` (`rlhf.serve.server`) and `r
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
 - `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
-- `sft`: `rlhf sft`; `rm`: `rlhf rm` (a reward model on preference pairs); `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
+- `sft`: `rlhf sft`; `dpo`: `rlhf dpo`; `rm`: `rlhf rm` (a reward model on preference pairs); `generate_eval`:
+  `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
   a model loads: `job_inputs`). Their flags' defaults are the graph builders', read from the builders'
   source (`source_defaults`), so `--help` imports neither torch nor the runtimes.
-- `rollouts`: `rlhf rollouts show|view`; `data`: `rlhf data prepare`.
+- `rollouts`: `rlhf rollouts show|view`; `data`: `rlhf data prepare` (`prepare_preferences`: its `preferences`
+  task, which samples a model).
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.
 """
 
@@ -68,10 +70,15 @@ COMMANDS: dict[str, Command] = {
                      (("RUN_HASH [--repo .aim] [--local]", "run the graph an Aim run stored again"),)),
     "ui": Command("rlhf.cli.ui:ui_main",
                   (("[--repo .aim] [--port N]", "Aim's UI on loopback, with a link to the latest sweep"),)),
-    "data": Command("rlhf.cli.data:data_main", (("prepare TASK --out DIR", "write a dataset in verl's schema"),)),
+    "data": Command("rlhf.cli.data:data_main", (("prepare TASK --out DIR", "write a dataset in verl's schema"),
+                                                ("prepare preferences --model M ...",
+                                                 "preference pairs from a model's samples ranked by a scorer"))),
     "sft": Command("rlhf.cli.sft:sft_main",
                    (("MODEL --data FILE [--lora-rank 16]",
                      "supervised fine-tuning of a model folder (LoRA with --lora-rank)"),)),
+    "dpo": Command("rlhf.cli.dpo:dpo_main",
+                   (("MODEL --data PAIRS [--loss sigmoid|ipo|...]",
+                     "learn from preference pairs: DPO, robust DPO, IPO, SimPO, RPO"),)),
     "rm": Command("rlhf.cli.rm:rm_main",
                   (("MODEL --data PAIRS [--val PAIRS]",
                     "train a reward model on preference pairs (Bradley-Terry)"),)),

@@ -22,7 +22,9 @@ of data files) and are checked row by row: errors name the file, the row (and li
 A `PreferenceDataset` batch holds 2 rows per pair, chosen at row 2i and rejected at 2i+1, each in the
 SFT/rollout layout (`input_ids` = [left-padded prompt | right-padded response], `responses`,
 `response_mask` on the completion's assistant tokens only, `attention_mask`, `position_ids`) plus
-`margin` (B,) (the pair's margin on both of its rows; 0 where the row gives none). Both sides are
+`margin` (B,) (the pair's margin on both of its rows; 0 where the row gives none), `pair_index` (B,) (the
+pair's position in the dataset) and the non-tensor `uid` (the same on both rows of a pair, so micro-batches
+and data-parallel shards keep a pair together: rlhf.workers.micro_batches.row_units). Both sides are
 tokenised by the SFT machinery (`rlhf.data.sft.conversation_ids`), so a pair's prompt tokens are the
 same on both rows and the same as an SFT example's.
 """
@@ -379,7 +381,10 @@ class PreferenceDataset:
                 "responses": response_ids,
                 "response_mask": response_mask,
                 "margin": torch.tensor(part["margin"], dtype=torch.float32).repeat_interleave(2),
+                "pair_index": torch.tensor([int(i) for i in indices], dtype=torch.long).repeat_interleave(2),
             },
+            # a pair's two rows share a uid: micro-batches and data-parallel shards keep them together
+            {"uid": [int(i) for i in indices for _ in range(2)]},
             meta={"temperature": 1.0},  # the data's likelihood under the model itself
         )
 

@@ -40,6 +40,8 @@ def validation_loss(policy, data: SFTDataset, batch_size: int) -> dict[str, floa
 class SFTTrainer:
     """Trains the policy group (built with an SFTObjective) for `total_steps` batches."""
 
+    loss_metric = "sft/loss"  # shown on the progress bar
+
     def __init__(
         self,
         policy,  # WorkerGroup of PolicyWorker with objective=SFTObjective()
@@ -93,7 +95,7 @@ class SFTTrainer:
             self._metrics = metrics
             if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
                 self.save(checkpoints, step)
-            bar.set_postfix(loss=f"{metrics['sft/loss']:.3f}", refresh=False)
+            bar.set_postfix(loss=f"{metrics[self.loss_metric]:.3f}", refresh=False)
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
         return {"checkpoint": checkpoint, "metrics": metrics}
 

@@ -146,8 +146,7 @@ def split_by_tokens(
     max_tokens: int,  # padded tokens (rows x trimmed width) per micro-batch
     min_micro_batches: int = 1,  # at least this many parts (FSDP: the max over ranks)
     keep_groups: bool = True,  # keep a GRPO group whole when it fits; False: place rows freely by length
-    # never split a unit: one too wide for the budget runs alone (a preference pair, whose loss needs both rows)
-    whole_units: bool = False,
+    whole_units: bool = False,  # never split a unit, even over the budget (a preference pair: its loss needs both)
 ) -> MicroBatches:
     """Micro-batches whose padded size (rows x trimmed width) is at most `max_tokens`.
 
@@ -157,11 +156,13 @@ def split_by_tokens(
     decreasing), each micro-batch trimmed as `trim_padding` does. A single row
     wider than the budget goes into a micro-batch alone and is counted in `over_budget`.
 
+    `whole_units`: a unit is never split: one wider than the budget goes into a micro-batch alone (counted
+    in `over_budget`), and the splitting below cuts between units only.
+
     `min_micro_batches`: split the micro-batches with the most rows until there are at least
-    this many (never more than the rows). Under FSDP every rank must run the same number of
+    this many (never more than the rows, or with `whole_units` the units). Under FSDP every rank must run the same number of
     forwards: take the max of `len(parts)` over ranks and split again with it (verl does the same).
-    Rows inside a micro-batch keep their original relative order. With `whole_units` a unit is never
-    split, by the budget or by `min_micro_batches` (never more parts than units then).
+    Rows inside a micro-batch keep their original relative order.
     """
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be a positive number of tokens per micro-batch, got {max_tokens}")
@@ -181,14 +182,14 @@ def split_by_tokens(
     units = row_units(batch) if keep_groups or whole_units else [np.array([i]) for i in range(b)]
     pending = [entry(u) for u in units]
     heapq.heapify(pending)
-    # open micro-batches: their units, rows, widest prompt span, widest response span (first fit, vectorised)
-    members: list[list[np.ndarray]] = []
+    # open micro-batches: rows, widest prompt span, widest response span (first fit, vectorised)
+    members: list[list[int]] = []
     n_rows, wide_p, wide_r = (np.zeros(b, dtype=np.int64) for _ in range(3))
     over_budget = 0
     while pending:
         neg_r, neg_p, _, unit = heapq.heappop(pending)
         prompt, response, n = -neg_p, -neg_r, len(unit)
-        if n * (prompt + response) > max_tokens and n > 1 and not whole_units:  # too big: its rows one by one
+        if n * (prompt + response) > max_tokens and n > 1 and not whole_units:  # too big: place its rows one by one
             for i in unit:
                 heapq.heappush(pending, entry(np.array([i])))
             continue
@@ -201,31 +202,40 @@ def split_by_tokens(
             j = k
             members.append([])
             over_budget += int(n * (prompt + response) > max_tokens)
-        members[j].append(unit)
+        members[j].extend(int(i) for i in unit)
         n_rows[j] += n
         wide_p[j], wide_r[j] = max(wide_p[j], prompt), max(wide_r[j], response)
-    if not whole_units:  # every row its own unit from here: a split may cut anywhere
-        members = [[np.array([i]) for i in sorted(int(i) for u in m for i in u)] for m in members]
-    members = [sorted(m, key=lambda u: int(u[0])) for m in members]
-    while len(members) < min(min_micro_batches, b):
-        splittable = [j for j in range(len(members)) if len(members[j]) > 1]
-        if not splittable:  # every part is one unit
+    groups = [sorted(m) for m in members]
+    unit_of = np.zeros(b, dtype=np.int64)
+    for k, unit in enumerate(units):
+        unit_of[unit] = k
+    while len(groups) < min(min_micro_batches, b):
+        splittable = [j for j in range(len(groups)) if not whole_units or len(set(unit_of[groups[j]])) > 1]
+        if not splittable:  # every micro-batch is one unit: no more cuts between units
             break
-        i = max(splittable, key=lambda j: sum(len(u) for u in members[j]))
-        units_i = members.pop(i)
-        half = _middle(units_i)
-        members[i:i] = [units_i[:half], units_i[half:]]
-    groups = [sorted(int(i) for u in m for i in u) for m in members]
+        i = max(splittable, key=lambda j: len(groups[j]))
+        rows = groups.pop(i)
+        cut = len(rows) // 2
+        if whole_units:  # the unit boundary nearest the middle
+            bounds = [k for k in range(1, len(rows)) if unit_of[rows[k]] != unit_of[rows[k - 1]]]
+            cut = min(bounds, key=lambda k: abs(k - len(rows) / 2))
+        groups[i:i] = [rows[:cut], rows[cut:]]
     order = np.array([i for g in groups for i in g], dtype=np.int64)
     parts = [_trim(batch.index(g), p, r, int(prompt_span[g].max()), int(response_span[g].max())) for g in groups]
     return MicroBatches(parts, order, over_budget)
 
 
-def _middle(units: list[np.ndarray]) -> int:
-    """Where to cut `units` (in order, at least 2) in two parts: after the first unit that reaches half the rows
-    (rounded down), so single-row units are cut at len // 2."""
-    sizes = np.cumsum([len(u) for u in units])
-    return int(np.clip(np.searchsorted(sizes, sizes[-1] // 2) + 1, 1, len(units) - 1))
+def unit_chunks(batch: Batch, rows: int) -> list[np.ndarray]:
+    """Row indices of consecutive runs of whole units (`row_units`) of at most `rows` rows each (a unit
+    larger than that alone): the row-count micro-batches (and mini-batches) of a batch whose units must
+    not be split."""
+    chunks: list[list[int]] = []
+    for unit in row_units(batch):
+        if chunks and len(chunks[-1]) + len(unit) <= rows:
+            chunks[-1].extend(unit.tolist())
+        else:
+            chunks.append(unit.tolist())
+    return [np.asarray(c, dtype=np.int64) for c in chunks]
 
 
 def restore_order(parts: list[torch.Tensor], order: np.ndarray, width: int) -> torch.Tensor:

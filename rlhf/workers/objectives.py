@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from rlhf.algos import DecoupledPPO, KLLoss, PolicyLoss, PPOClipLoss, token_mean
+from rlhf.algos.preference import DPOLoss, PairLogProbs, PreferenceLoss, preference_metrics
 from rlhf.batch import Batch
 
 
@@ -85,3 +86,57 @@ class SFTObjective:
         loss = token_mean(-log_probs, mask, num_tokens=num_tokens)
         local = (-log_probs.detach() * mask).sum() / mask.sum().clamp(min=1)
         return loss, {"sft/loss": local}
+
+
+class DPOObjective:
+    """A DPO-family loss (rlhf.algos.preference) over preference pairs: chosen at row 2i, rejected at 2i+1.
+
+    Each row's log-prob is summed over its response tokens; the per-pair losses are summed and divided by
+    the GLOBAL pair count (num_seqs / 2), so micro-batch losses over all ranks add up to the batch mean.
+    The reference comes per row as `ref_logps` (B,) (cached by the DPO trainer), else per token as
+    `ref_log_probs` (B,T), which the policy worker computes itself when the batch lacks both (`needs_ref`:
+    a frozen reference model, or the LoRA base with the adapter disabled). `whole_units` tells the worker
+    to keep each pair (its rows share a `uid`) in one micro-batch. Metrics are TRL's names, averaged over
+    pairs (weighted by each micro-batch's pairs).
+    """
+
+    needs_entropy_grad = False
+    whole_units = True
+
+    def __init__(self, loss: PreferenceLoss = DPOLoss()):  # a loss of rlhf.algos.preference (Frozen: safe to share)
+        self.loss = loss
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.loss.requires_reference
+
+    def sequence_log_probs(self, log_probs: torch.Tensor, batch: Batch) -> PairLogProbs:
+        """Per-pair inputs of the loss from per-token log-probs (B,T) and the batch's columns."""
+        if "uid" in batch.non_tensors:
+            uid = batch.non_tensors["uid"]
+            if len(uid) % 2 or any(uid[i] != uid[i + 1] for i in range(0, len(uid) - 1, 2)):
+                raise ValueError("DPOObjective: a micro-batch holds a split preference pair (rows 2i and 2i+1 must "
+                                 "share a uid); the policy worker keeps pairs whole (`whole_units`), and a data-"
+                                 "parallel step needs a number of pairs that divides by the number of workers")
+        mask = batch["response_mask"].to(log_probs.dtype)
+        ref = None
+        if self.needs_ref:
+            if "ref_logps" in batch:
+                ref = batch["ref_logps"].to(log_probs.dtype)
+            elif "ref_log_probs" in batch:
+                ref = (batch["ref_log_probs"].to(log_probs.dtype) * mask).sum(dim=1)
+            else:
+                raise KeyError(f"{type(self.loss).__name__} needs reference log-probs: the batch has neither "
+                               "`ref_logps` (B,) nor `ref_log_probs` (B,T)")
+        margin = batch["margin"].to(log_probs.dtype) if "margin" in batch else None
+        return PairLogProbs.from_rows((log_probs * mask).sum(dim=1), mask.sum(dim=1), ref, margin)
+
+    def __call__(
+        self, log_probs: torch.Tensor, entropy: torch.Tensor | None, batch: Batch, *, num_tokens: float, num_seqs: float
+    ) -> tuple[torch.Tensor, dict]:
+        pairs = self.sequence_log_probs(log_probs, batch)
+        out = self.loss(pairs)
+        loss = out.losses.sum() / (num_seqs / 2)
+        count = float(len(out.losses))
+        metrics = {("dpo/loss" if k == "loss" else k): (v, count) for k, v in preference_metrics(pairs, out).items()}
+        return loss, metrics

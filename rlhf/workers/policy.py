@@ -265,7 +265,8 @@ class PolicyWorker(PublishesWeights):
             raise RuntimeError("this policy worker was built without an objective (inference only)")
         start = time.perf_counter()
         ref_seconds = 0.0
-        if getattr(self.objective, "needs_ref", False) and "ref_log_probs" not in batch:
+        has_ref = "ref_log_probs" in batch or "ref_logps" in batch  # per token, or per row (cached by the DPO trainer)
+        if getattr(self.objective, "needs_ref", False) and not has_ref:
             batch = batch.union(self._ref_log_probs(batch))  # see requirements
             ref_seconds = time.perf_counter() - start
         temperature = batch.require_meta("temperature", "PolicyWorker.update")
@@ -287,7 +288,8 @@ class PolicyWorker(PublishesWeights):
             metrics.update(gap.from_micro_batch(log_probs, micro))
             return loss, metrics
 
-        out = self.trainer.update(batch, micro_loss)
+        # a loss over preference pairs needs both rows of a pair in one micro-batch
+        out = self.trainer.update(batch, micro_loss, whole_units=getattr(self.objective, "whole_units", False))
         out.update(gap.result(self.trainer))
         self.hybrid.weights_changed()
         out["timing_s/update_worker"] = time.perf_counter() - start

@@ -92,8 +92,9 @@ def plan_policy(
         check_trainable_precision("PolicyWorker", dtype, training.compute_dtype)
     if getattr(objective, "needs_ref", False) and ref_model_path is None:
         raise ValueError(
-            "the policy objective has a KL loss against a reference policy, but PolicyWorker.ref_model_path "
-            "is None. Set ref_model_path (usually the initial model path) or remove the KL loss."
+            "the policy objective needs a reference policy (a KL loss, or a DPO-family loss), but "
+            "PolicyWorker.ref_model_path is None. Set ref_model_path (usually the initial model path), or remove "
+            "the KL loss (or use a reference-free loss such as SimPOLoss)."
         )
     if shared_prefix and training.gradient_checkpointing:
         raise ValueError("PolicyWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "

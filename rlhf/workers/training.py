@@ -34,14 +34,15 @@ from rlhf.workers.accelerator import make_accelerator
 from rlhf.workers.fsdp import (
     FSDP, Strategy, build_sharded, full_tensor, is_sharded, local_tensor, resolve_strategy, shard_model,
 )
-from rlhf.workers.micro_batches import MicroBatches, restore_order, row_units, split_by_tokens
+from rlhf.workers.micro_batches import MicroBatches, restore_order, split_by_tokens, unit_chunks
 from rlhf.workers.precision import DType, autocast, torch_dtype
 
 OptimizerFactory = Callable[..., torch.optim.Optimizer]
 SchedulerFactory = Callable[[torch.optim.Optimizer], torch.optim.lr_scheduler.LRScheduler]
 Metric = torch.Tensor | float  # a 0-d device tensor (no host sync) or a Python number
-# (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens)
-MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, Metric]]]
+# (micro-batch, global tokens, global sequences) -> (loss, metrics averaged over its tokens); a metric given as
+# (value, weight) is averaged over the micro-batches with that weight instead (e.g. its pairs)
+MicroLoss = Callable[[Batch, float, float], tuple[torch.Tensor, dict[str, "Metric | tuple[Metric, float]"]]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,26 +140,20 @@ class ModelTrainer:
         With a token budget: rows grouped by length, each micro-batch trimmed to its longest row
         (rlhf.workers.micro_batches.split_by_tokens); every rank then runs as many micro-batches
         as the rank that needs most (FSDP's collectives need the same number of forwards).
-        Without one: `micro_batch_size` rows each, in order. `whole_units`: rows of one unit
-        (`row_units`: one `uid`, e.g. a preference pair) always share a micro-batch.
+        Without one: `micro_batch_size` rows each, in order. `whole_units`: a unit of rows
+        (`row_units`: the same `uid`, e.g. a preference pair) is never split between micro-batches.
         """
         if max_tokens is None:
-            if not whole_units:
-                parts = batch.split(self.setup.micro_batch_size)
-                return MicroBatches(parts, np.arange(len(batch)), 0)
-            chunks = unit_chunks(row_units(batch), self.setup.micro_batch_size)
-            return MicroBatches([batch.index(rows) for rows in chunks], np.arange(len(batch)), 0)
+            if whole_units:
+                chunks = unit_chunks(batch, self.setup.micro_batch_size)
+                return MicroBatches([batch.index(c) for c in chunks], np.concatenate(chunks), 0)
+            parts = batch.split(self.setup.micro_batch_size)
+            return MicroBatches(parts, np.arange(len(batch)), 0)
         split = split_by_tokens(batch, max_tokens, whole_units=whole_units)
         if self.world_size > 1:
             most = int(self.accelerator.gather(torch.tensor([len(split.parts)], device=self.device)).max())
             if most > len(split.parts):
                 split = split_by_tokens(batch, max_tokens, min_micro_batches=most, whole_units=whole_units)
-                if len(split.parts) < most:  # only when ranks hold different numbers of units
-                    raise RuntimeError(
-                        f"rank {self.rank} holds {len(split.parts)} unit(s) of rows that must stay together, but "
-                        f"another rank runs {most} micro-batches (FSDP needs the same number of forwards on every "
-                        "rank): give every rank the same number of units (e.g. preference pairs)"
-                    )
         return split
 
     def map_micro_batches(self, batch: Batch, forward: Callable[[Batch], torch.Tensor]) -> torch.Tensor:
@@ -174,8 +169,8 @@ class ModelTrainer:
         Token and sequence counts come from the host copy of the batch and metrics are summed
         on the device, so the loop's only host syncs are the gradient-norm check per optimizer
         step and one transfer of all metrics at the end. No gradient outlives the call.
-        `whole_units`: the rows of one unit (one `uid`: a preference pair, whose loss needs both)
-        are never cut apart by a mini- or micro-batch boundary.
+        `whole_units`: mini- and micro-batches never split a unit of rows (`micro_batches`): a loss
+        over preference pairs needs the chosen and the rejected row of each pair together.
         """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
@@ -183,12 +178,9 @@ class ModelTrainer:
         batch = batch.to("cpu")
         sums: dict[str, Metric] = {}
         weights: dict[str, float] = defaultdict(float)
-        if whole_units:
-            units = row_units(batch)
-            minis = [batch.index(np.concatenate(part)) for part in
-                     _even_parts(units, min(self.setup.mini_batches, len(units)))]
-        else:
-            minis = batch.split(math.ceil(len(batch) / self.setup.mini_batches))
+        mini_size = math.ceil(len(batch) / self.setup.mini_batches)
+        minis = ([batch.index(c) for c in unit_chunks(batch, mini_size)] if whole_units and self.setup.mini_batches > 1
+                 else batch.split(mini_size))
         grad_norms: list[float] = []
         skipped = over_budget = micro_count = 0
         for _ in range(self.setup.epochs):
@@ -205,8 +197,9 @@ class ModelTrainer:
                             loss, metrics = micro_loss(micro.to(self.device), num_tokens, num_seqs)
                         self.accelerator.backward(loss * self.world_size)
                     for k, v in metrics.items():
-                        sums[k] = sums.get(k, 0.0) + v * tokens
-                        weights[k] += tokens
+                        v, weight = v if isinstance(v, tuple) else (v, tokens)
+                        sums[k] = sums.get(k, 0.0) + v * weight
+                        weights[k] += weight
                 micro_count += len(micros)
                 grad_norm = float(self._clip_grad())  # the one host sync per optimizer step
                 grad_norms.append(grad_norm)
@@ -290,24 +283,6 @@ class ModelTrainer:
     def parameters_finite(self) -> bool:
         """Whether this rank's parameters (its shards under FSDP) are all finite."""
         return all(torch.isfinite(local_tensor(p)).all() for p in self.unwrapped().parameters())
-
-
-def unit_chunks(units: list[np.ndarray], max_rows: int) -> list[np.ndarray]:
-    """Consecutive units joined into chunks of at most `max_rows` rows (a larger unit is a chunk alone)."""
-    chunks: list[list[np.ndarray]] = []
-    rows = 0
-    for unit in units:
-        if not chunks or rows + len(unit) > max_rows:
-            chunks.append([])
-            rows = 0
-        chunks[-1].append(unit)
-        rows += len(unit)
-    return [np.concatenate(chunk) for chunk in chunks]
-
-
-def _even_parts(units: list[np.ndarray], k: int) -> list[list[np.ndarray]]:
-    """`units` in k consecutive parts of near-equal unit counts (the first ones one larger)."""
-    return [[units[i] for i in part] for part in np.array_split(np.arange(len(units)), k)]
 
 
 def build_optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

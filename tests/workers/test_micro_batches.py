@@ -189,6 +189,20 @@ def test_groups_stay_together_when_the_budget_allows():
     assert any(len(set(p["uid"])) > 1 and len(p) % 4 for p in free.parts)
 
 
+@given(st.lists(st.integers(1, 12), min_size=2, max_size=12).filter(lambda x: len(x) % 2 == 0),
+       st.integers(4, 80), st.integers(1, 8))
+def test_whole_units_are_never_split(response_lens, max_tokens, at_least):
+    """Preference pairs (units of 2 rows sharing a uid) stay adjacent in one micro-batch, over budget or not,
+    and the split for FSDP's equal forward count cuts between units only."""
+    batch = ragged_batch([3 + 2 * k for k in range(len(response_lens) // 2)], response_lens, group=2)
+    split = split_by_tokens(batch, max_tokens, min_micro_batches=at_least, whole_units=True)
+    for part in split.parts:
+        uid = list(part["uid"])
+        assert len(uid) % 2 == 0 and all(uid[i] == uid[i + 1] for i in range(0, len(uid), 2))
+    assert len(split.parts) >= min(at_least, len(batch) // 2)
+    assert sorted(split.order.tolist()) == list(range(len(batch)))
+
+
 def test_a_row_over_budget_goes_alone_and_is_counted():
     batch = ragged_batch([20, 2], [30, 1, 1, 1], group=2)  # row 0 alone is 20 + 30 = 50 wide
     split = split_by_tokens(batch, max_tokens=40)

@@ -20,6 +20,7 @@ from rich.table import Table
 from rlhf.runtime.preflight.graph import args, cli_path, get, is_a, nodes, runtime_kind, stage_prefix
 from rlhf.runtime.remote import Remote
 from rlhf.trainers.rl import RLTrainer
+from rlhf.trainers.dpo import DPOTrainer
 from rlhf.trainers.sft import SFTTrainer
 
 __all__ = ["BatchArithmetic", "batch_problems", "batch_table", "stage_batches"]
@@ -39,6 +40,7 @@ class BatchArithmetic:
     path: str = ""  # the trainer, in set: syntax (stages.grpo)
     prompts_field: str = "prompts_per_step"  # its argument that sets `prompts` (batch_size for SFT)
     note: str = ""  # e.g. the runtime uses fewer workers than the graph asks for
+    pairs: bool = False  # DPO: `prompts` counts preference pairs (n = 2 rows each), never split between workers
 
     @property
     def samples(self) -> int:
@@ -103,6 +105,8 @@ def stage_batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
         if is_a(node, RLTrainer):
             field, prompts = "prompts_per_step", arguments.get("prompts_per_step")
             n = get(arguments.get("sampling"), "n")
+        elif is_a(node, DPOTrainer):  # batch_size pairs, 2 rows each
+            field, prompts, n = "batch_size", arguments.get("batch_size"), 2
         else:
             field, prompts, n = "batch_size", arguments.get("batch_size"), 1
         numbers = (prompts, n, group.get("num_workers"), get(training, "mini_batches"),
@@ -115,7 +119,7 @@ def stage_batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
             note = f"LocalRuntime runs the {group.get('name')!r} group with 1 worker instead of {numbers[2]}"
         label = name if len(path) <= 2 else f"{name} ({cli_path(path)})"
         out.append(BatchArithmetic(label, prompts, n, workers, numbers[3], numbers[4], numbers[5], cli_path(path),
-                                   field, note))
+                                   field, note, pairs=is_a(node, DPOTrainer)))
     return out
 
 
@@ -126,6 +130,15 @@ def batch_problems(b: BatchArithmetic) -> tuple[list[str], list[str]]:
     stage, path = b.stage, b.path
     what = (f"prompts_per_step x sampling.n = {b.prompts} x {b.n} = {b.samples} samples"
             if b.prompts_field == "prompts_per_step" else f"batch_size = {b.samples} examples")
+    if b.pairs and b.prompts % b.workers:  # a pair's loss needs both rows on one rank
+        fits = [w for w in range(1, b.workers + 1) if b.prompts % w == 0]
+        errors.append(
+            f"stage {stage!r}: batch_size = {b.prompts} preference pairs per step do not split evenly over "
+            f"{b.workers} data-parallel policy workers (each rank trains whole pairs). Make it a multiple of "
+            f"{b.workers} (e.g. --config set:{path}.batch_size={_next_multiple(b.prompts, b.workers)}), or use "
+            f"{fits[-1]} workers (--config 'fiddler:workers(n={fits[-1]})')."
+        )
+        return errors, warnings
     if b.samples % b.workers:
         fits = [w for w in range(1, b.workers + 1) if b.samples % w == 0]
         errors.append(

@@ -35,6 +35,7 @@ from rlhf.runtime.plan import Plan, compile_graph, plan_model_path
 from rlhf.runtime.preflight.graph import args, get, is_a, nodes, runtime_kind, stage_prefix
 from rlhf.rollout.vllm_engine import device_share
 from rlhf.trainers.rl import RLTrainer
+from rlhf.trainers.dpo import DPOTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.fsdp import FSDP, resolve_strategy
 from rlhf.workers.memory import GiB, MemoryEstimate, Phase, Placement, Term, Workload
@@ -173,6 +174,8 @@ def _workload(stage: Any, name: str) -> tuple[Workload | None, str]:
             width = get(data, "max_length") if isinstance(data, fdl.Buildable) else None
             if not all(isinstance(x, int) and x > 0 for x in (rows, width)):
                 return None, "its batch size or max_length is not a plain number"
+            if is_a(node, DPOTrainer):  # batch_size counts pairs: two rows each
+                rows *= 2
             return Workload(0, width, n=1, rows=rows, generate=False), ""
     return None, "no RL or SFT trainer"
 
