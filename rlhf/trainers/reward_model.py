@@ -5,8 +5,8 @@ at the end the reward mean and std over the training pairs go into the model's c
 Hugging Face folder that `RewardModelWorker` loads for RL with its head intact and normalises with those
 statistics (as OpenRLHF stores them). The group is a `RewardModelWorker` group built with a loss
 (rlhf_configs.reward_model.rm_stage); gradient accumulation, the LR schedule and data parallelism are its
-`ModelTrainer`'s, as in the SFT stage. A pair's two rows carry one `uid`, so the group shards whole pairs and
-the worker keeps them in one micro-batch.
+`ModelTrainer`'s, as in the SFT stage. A pair's two rows carry one `uid` (`PreferenceDataset`), so the group
+shards whole pairs and the worker keeps them in one micro-batch.
 """
 
 from __future__ import annotations
@@ -24,12 +24,6 @@ from rlhf.ranges import NonNegativeInt, PositiveInt
 from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.metrics import mean_over_ranks
-
-
-def with_pair_uids(batch: Batch) -> Batch:
-    """`batch` (chosen at row 2i, rejected at 2i+1) with a `uid` per pair, so a sharded call keeps pairs whole."""
-    batch["uid"] = [f"pair-{i // 2}" for i in range(len(batch))]
-    return batch
 
 
 def pair_scores(rm, data: PreferenceDataset, batch_size: int, limit: int | None = None) -> torch.Tensor:
@@ -126,7 +120,7 @@ class RewardModelTrainer:
 
     def step(self, batch: Batch) -> dict[str, float]:
         start = time.perf_counter()
-        metrics = mean_over_ranks(self.rm.update(with_pair_uids(batch)))
+        metrics = mean_over_ranks(self.rm.update(batch))
         metrics["timing_s/step"] = time.perf_counter() - start
         metrics["perf/total_num_tokens"] = float(batch["attention_mask"].sum())
         return metrics

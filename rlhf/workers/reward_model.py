@@ -359,24 +359,16 @@ class RewardModelWorker:
             raise RuntimeError("this reward-model worker was built without a loss (inference only)")
         pair_ranks(batch, "RewardModelWorker.update")
         start = time.perf_counter()
-        sums: dict[str, torch.Tensor] = {}
-        pairs = 0
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
-            nonlocal pairs
             scores = self._scores(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
             chosen, rejected = split_pairs(scores)
             margin = split_pairs(micro["margin"])[0] if "margin" in micro else None
             loss, metrics = self.loss(chosen, rejected, margin, num_pairs=num_seqs / 2)
-            pairs += len(chosen)
-            for key, value in metrics.items():  # means over the micro-batch's pairs: summed by pair here
-                sums[key] = sums.get(key, 0.0) + torch.as_tensor(value).detach().float() * len(chosen)
-            return loss, {}  # not the trainer's token-weighted means: a pair counts once however long
+            # means over the micro-batch's pairs, weighted by its pairs (a pair counts once however long)
+            return loss, {("rm/loss" if k == "loss" else f"rm/train/{k}"): (v, len(chosen)) for k, v in metrics.items()}
 
         out = self.trainer.update(batch, micro_loss, whole_units=True)
-        if sums:
-            values = torch.stack(list(sums.values())).cpu().tolist()
-            out.update({("rm/loss" if k == "loss" else f"rm/train/{k}"): v / max(pairs, 1) for k, v in zip(sums, values)})
         out["timing_s/update_rm_worker"] = time.perf_counter() - start
         return out
 

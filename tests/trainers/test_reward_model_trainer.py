@@ -19,7 +19,7 @@ from rlhf.models.loading import load_tokenizer
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.trainers.context import StageContext
-from rlhf.trainers.reward_model import RewardModelTrainer, with_pair_uids
+from rlhf.trainers.reward_model import RewardModelTrainer
 from rlhf.workers.reward_model import MissingRewardHeadError, RewardModelWorker
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.reward_model import rm_stage
@@ -133,7 +133,7 @@ def test_the_loss_sees_both_rows_of_every_pair_in_one_micro_batch(files):
     (each micro-batch holds whole pairs), so the loss is the same as with the whole batch in one forward."""
     tokenizer = load_tokenizer(tiny_model_path())
     data = PreferenceDataset(separable_rows(8, 3), tokenizer, max_length=64)
-    batch = with_pair_uids(data.collate(range(8)))
+    batch = data.collate(range(8))
     width = batch["attention_mask"].shape[1]
     seen = []
 

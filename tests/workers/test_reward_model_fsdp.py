@@ -14,7 +14,6 @@ from rlhf.models.loading import load_tokenizer
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import compile_graph
 from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.trainers.reward_model import with_pair_uids
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.reward_model import reward_model_group
 
@@ -38,7 +37,7 @@ def plan(workers: int):
 @pytest.mark.slow
 def test_two_fsdp_ranks_train_a_reward_model_as_one_rank():
     data = PreferenceDataset(pairs(8), load_tokenizer(tiny_model_path()), max_length=128)
-    batch = with_pair_uids(data.collate(range(8)))
+    batch = data.collate(range(8))
     local = LocalRuntime()
     try:
         one = local.start_groups(plan(1))["rm"]
