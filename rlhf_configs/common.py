@@ -67,7 +67,7 @@ def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> Non
 
 
 def lora(cfg: fdl.Config[Experiment], **options) -> None:
-    """Train a LoRA adapter instead of all weights in every trained policy, e.g. fiddler:lora(rank=16, alpha=32)
+    """Train a LoRA adapter instead of all weights in every trained policy and reward model, e.g. fiddler:lora(rank=16, alpha=32)
     (`options` are LoRA's: rank, alpha, dropout, target_modules; unset ones keep LoRA's defaults). Where the
     reference is the policy's own model, the base with the adapter disabled is the reference: no second copy.
     Adapters usually want a learning rate about 10x a full fine-tune's."""
@@ -77,6 +77,9 @@ def lora(cfg: fdl.Config[Experiment], **options) -> None:
                             f"{', '.join(inspect.signature(LoRA).parameters)}")
     for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
         if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
+            worker.adapter = fdl.Config(LoRA, **options)
+    for worker in selectors.select(cfg, RewardModelWorker, check_nonempty=False):
+        if worker.loss is not None:  # a reward model being trained (its new score head trains whole)
             worker.adapter = fdl.Config(LoRA, **options)
 def reward_model(cfg: fdl.Config[Experiment], path: str, weight: float = 1.0, rule_weight: float = 1.0,
                  tokenizer_path: str | None = None, max_length: int = 2048, normalize: bool = True) -> None:

@@ -1,6 +1,7 @@
 """`rlhf rm MODEL --data PAIRS ...`: the flags of `rlhf_configs.reward_model.rm_experiment`, its graph run, the results.
 
-    rlhf rm MODEL --data pairs.jsonl [--val heldout.jsonl] [--steps 500 --batch-size 32 --lr 1e-5] [--out outputs]
+    rlhf rm MODEL --data pairs.jsonl [--val heldout.jsonl] [--steps 500 --batch-size 32 --lr 1e-5]
+                  [--lora-rank 16 --lora-alpha 32] [--out outputs]
 
 The flags' defaults are `rm_stage`'s, read from its source (`source_defaults`): the graph, torch and the runtimes
 are imported only once the flags are parsed, so `--help` answers at once.
@@ -47,6 +48,11 @@ def rm_parser() -> argparse.ArgumentParser:
     p.add_argument("--compute-dtype", default=d["compute_dtype"], choices=["float32", "bfloat16"],
                    help="matmul dtype (autocast); the trained weights and optimizer state stay float32")
     p.add_argument("--seed", type=int, default=d["seed"], help="the new score head's draw and the data order")
+    alpha = source_defaults("rlhf.workers.lora", "LoRA")["alpha"]
+    p.add_argument("--lora-rank", type=POSITIVE, default=None,
+                   help="train a LoRA adapter of this rank (and the score head) instead of all weights; None: all")
+    p.add_argument("--lora-alpha", type=float, default=None,
+                   help=f"with --lora-rank: the adapter's output is scaled by alpha / rank; None: {alpha:g}")
     p.add_argument("--out", default="outputs", help="output folder: <out>/rm/<time>/rm/final is the reward model")
     p.add_argument("--local", action="store_true", help="run in this process (LocalRuntime), not on Ray")
     p.add_argument("--aim-repo", default=None, help="record the run in this Aim repo (None: no tracking)")
@@ -56,9 +62,13 @@ def rm_parser() -> argparse.ArgumentParser:
 
 def rm_main(argv: Sequence[str]) -> int:
     """Parse, build the graph (`rm_experiment`), run, print the folder, the reward statistics and held-out metrics."""
-    a = rm_parser().parse_args(argv)
+    p = rm_parser()
+    a = p.parse_args(argv)
+    if a.lora_alpha is not None and a.lora_rank is None:
+        p.error("--lora-alpha needs --lora-rank")
     from rlhf.runtime.experiment import run_experiment
     from rlhf.runtime.preflight import PreflightError
+    from rlhf_configs.common import lora
     from rlhf_configs.reward_model import rm_experiment
 
     graph = rm_experiment(
@@ -69,6 +79,8 @@ def rm_main(argv: Sequence[str]) -> int:
         save_freq=a.save_freq, workers=a.workers, gpus_per_worker=a.gpus_per_worker, compute_dtype=a.compute_dtype,
         seed=a.seed,
     )
+    if a.lora_rank is not None:  # the same fiddler as `--config fiddler:lora(rank=...)` on any recipe
+        lora(graph, rank=a.lora_rank, **({"alpha": a.lora_alpha} if a.lora_alpha is not None else {}))
     try:
         result = run_experiment(graph)["rm"]
     except PreflightError as err:

@@ -34,9 +34,10 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 from rlhf.algos import split_pairs
 from rlhf.batch import Batch
 from rlhf.data.tokenize import left_pad, position_ids
-from rlhf.models.loading import ModelSource, hf_model_source, load_tokenizer, resolve_model_path
+from rlhf.models.loading import ModelSource, hf_model_source, load_tokenizer, model_reference, resolve_model_path
 from rlhf.ranges import PositiveInt
 from rlhf.signatures import with_defaults
+from rlhf.workers.adapter_save import save_merged_and_adapter
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
 from rlhf.workers.fsdp import describe_placement, full_tensor
 from rlhf.workers.memory import (
@@ -44,6 +45,7 @@ from rlhf.workers.memory import (
     frozen_model_terms, fsdp_forward_start_terms, fsdp_root_terms, largest, micro_batch, model_shape,
     trained_model_terms, training_activation_terms, update_terms,
 )
+from rlhf.workers.lora import set_base_model
 from rlhf.workers.micro_batches import restore_order
 from rlhf.workers.precision import DType, check_trainable_precision
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup
@@ -195,10 +197,13 @@ class RewardModelPlan:
 
 def plan_reward_model(
     *, model_path: Any, tokenizer_path: Any, training: TrainingSetup, max_length: int, loss: Any = None,
-    dtype: str = "float32", **_unused: Any,
+    dtype: str = "float32", adapter: Any = None, **_unused: Any,
 ) -> RewardModelPlan:
     """The plan of a `RewardModelWorker` built with these arguments (`_unused`: its optimizer, scheduler...)."""
     trained = loss is not None
+    if adapter is not None and not trained:
+        raise ValueError("RewardModelWorker: an adapter is for training (give a loss); a reward model that only "
+                         "scores loads its merged folder")
     if trained:
         check_trainable_precision("RewardModelWorker", dtype, training.compute_dtype)
     return RewardModelPlan(model_path, tokenizer_path or model_path, training, max_length, trained,
@@ -226,7 +231,7 @@ class RewardModelWorker:
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train an adapter
     ):
         self.plan = plan_reward_model(model_path=model_path, tokenizer_path=tokenizer_path, training=training,
-                                      max_length=max_length, loss=loss, dtype=dtype)
+                                      max_length=max_length, loss=loss, dtype=dtype, adapter=adapter)
         self.tokenizer = load_tokenizer(self.plan.tokenizer_path)
         source = reward_model_source(model_path, self.plan.dtype, new_head=loss is not None,
                                      pad_token_id=self.tokenizer.pad_token_id)
@@ -236,6 +241,10 @@ class RewardModelWorker:
             self.trainer = training.trainer(source.wrapped(adapter) if adapter is not None else source, optimizer,
                                             lr_scheduler, prefix="rm")
         self.loss = loss
+        self.adapter = adapter
+        self.base_model = model_reference(model_path)  # what a saved adapter names as its base
+        if adapter is not None:  # (FSDP builds the module without a path, so PEFT could not know it)
+            set_base_model(self.trainer.unwrapped(), self.base_model)
         self.head = score_head(self.trainer.unwrapped())
         self.max_length = max_length
         self.stats = reward_stats(self.trainer.unwrapped().config) if normalize and loss is None else None
@@ -381,11 +390,13 @@ class RewardModelWorker:
 
     @on_all_ranks
     def save(self, path: str) -> str:
-        """A Hugging Face folder (weights, score head, tokenizer; the reward stats in config.json), atomically."""
-        if getattr(self.trainer.unwrapped(), "peft_config", None) is not None:
-            raise NotImplementedError("saving a reward model trained through an adapter is not supported yet; "
-                                      "train all weights (no LoRA)")
-        return self.trainer.save_pretrained(path, self.tokenizer)
+        """A Hugging Face folder (weights, score head, tokenizer; the reward stats in config.json), atomically.
+        Trained through an adapter: the merged model (what RL loads) and `<path>-adapter` (the adapter and the
+        whole score head, its config naming the base model)."""
+        if self.adapter is None:
+            return self.trainer.save_pretrained(path, self.tokenizer)
+        return save_merged_and_adapter(self.trainer, self.adapter, self.base_model, self.tokenizer, path,
+                                       auto_class=AutoModelForSequenceClassification)
 
     @on_all_ranks
     def save_state(self, path: str) -> None:

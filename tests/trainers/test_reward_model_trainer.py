@@ -180,3 +180,44 @@ def test_rlhf_rm_refuses_a_file_of_prompt_rows(tmp_path):
     write_rows(arithmetic_rows(4), tmp_path / "prompts.jsonl")
     with pytest.raises(SystemExit, match="prompts.jsonl, row 0 .*field .chosen. is missing"):
         main(["rm", tiny_model_path(), "--data", str(tmp_path / "prompts.jsonl"), "--local", "--quiet"])
+
+
+def test_a_lora_reward_model_trains_its_adapter_and_whole_head_and_exports_merged(files, tmp_path):
+    """`fiddler:lora` on a reward-model stage: the backbone's weights stay, the adapter and the new head train; final/
+    is the merged model (RL loads it whole) and final-adapter/ the adapter with the head."""
+    pytest.importorskip("peft")
+    from rlhf_configs.common import lora
+
+    graph = stage(files, steps=6, test_freq=0)
+    experiment = fdl.Config(dict, stages={"rm": graph})  # the fiddler walks any graph
+    lora(experiment, rank=4, alpha=8)
+    assert graph.rm.worker.adapter is not None
+    tokenizer = load_tokenizer(tiny_model_path())
+    val = PreferenceDataset(separable_rows(24, 1), tokenizer, max_length=64)
+    batch = val.collate(range(len(val)))
+    logged, result, trained = run(graph, tmp_path, after=lambda rm: rm.compute_scores(batch)["rm_scores"])
+    assert logged[6]["rm/loss"] < logged[1]["rm/loss"]
+    folder = Path(result["checkpoint"])
+    assert (folder.parent / "final-adapter" / "adapter_config.json").is_file()
+    merged = load_file(str(folder / "model.safetensors"))
+    base = load_file(str(Path(tiny_model_path()) / "model.safetensors"))
+    assert "score.weight" in merged and not any("lora" in k for k in merged)
+    changed = [k for k in base if k.startswith("model.layers") and not torch.equal(base[k], merged[k])]
+    assert changed and all(k.split(".")[-2] in ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                   "down_proj") for k in changed)  # only the adapted layers moved
+    rows = separable_rows(24, 1)
+    texts = Batch({"x": torch.zeros(2 * len(rows))},
+                  {"raw_prompt": [r["prompt"] for r in rows for _ in range(2)],
+                   "response_text": [r[side][0]["content"] for r in rows for side in ("chosen", "rejected")]})
+    raw = RewardModelWorker(str(folder), max_length=64, normalize=False).score(texts)["rm_scores"]
+    torch.testing.assert_close(raw, trained, atol=1e-4, rtol=1e-4)
+
+
+def test_preflight_refuses_pairs_that_do_not_split_over_the_workers(files, tmp_path):
+    from rlhf.runtime.preflight import PreflightError, preflight
+    from rlhf_configs.reward_model import rm_experiment
+
+    graph = rm_experiment(tiny_model_path(), files[0], files[1], out=str(tmp_path), steps=2, batch_size=3, workers=2)
+    with pytest.raises(PreflightError, match=r"batch_size = 3 preference pairs per step do not split evenly over 2 "
+                                             r"data-parallel reward-model workers.*set:stages.rm.batch_size=4"):
+        preflight(graph, ["rm"])
