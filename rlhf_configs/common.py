@@ -23,6 +23,7 @@ from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
 from rlhf_configs.algorithms import use_distillation
 from rlhf_configs.async_rollout import Correction, Placement, use_async_rollout
+from rlhf_configs.tasks import use_reward_model
 
 
 def local(cfg: fdl.Config[Experiment]) -> None:
@@ -67,7 +68,7 @@ def fsdp(cfg: fdl.Config[Experiment], reshard_after_forward: bool = True) -> Non
 
 
 def lora(cfg: fdl.Config[Experiment], **options) -> None:
-    """Train a LoRA adapter instead of all weights in every trained policy, e.g. fiddler:lora(rank=16, alpha=32)
+    """Train a LoRA adapter instead of all weights in every trained policy and reward model, e.g. fiddler:lora(rank=16, alpha=32)
     (`options` are LoRA's: rank, alpha, dropout, target_modules; unset ones keep LoRA's defaults). Where the
     reference is the policy's own model, the base with the adapter disabled is the reference: no second copy.
     Adapters usually want a learning rate about 10x a full fine-tune's."""
@@ -78,6 +79,11 @@ def lora(cfg: fdl.Config[Experiment], **options) -> None:
     for worker in selectors.select(cfg, PolicyWorker, check_nonempty=False):
         if worker.objective is not None:  # inference-only policies (generate, eval) have nothing to adapt
             worker.adapter = fdl.Config(LoRA, **options)
+    for worker in selectors.select(cfg, RewardModelWorker, check_nonempty=False):
+        if worker.loss is not None:  # a reward model being trained (its new score head trains whole)
+            worker.adapter = fdl.Config(LoRA, **options)
+
+
 def distill(cfg: fdl.Config[Experiment], teacher: str, distill_coef: float = 1.0, task_reward: bool = False,
             top_k: int = 0) -> None:
     """On-policy distillation in every RL stage: a frozen `teacher` folder (the policy's tokenizer) scores each
@@ -85,6 +91,16 @@ def distill(cfg: fdl.Config[Experiment], teacher: str, distill_coef: float = 1.0
     advantage; `top_k`: plus a top-k forward KL loss). docs/distillation.md."""
     for stage in selectors.select(cfg, RLTrainer):
         use_distillation(stage, teacher, distill_coef=distill_coef, task_reward=task_reward, top_k=top_k)
+
+
+def reward_model(cfg: fdl.Config[Experiment], path: str, weight: float = 1.0, rule_weight: float = 1.0,
+                 tokenizer_path: str | None = None, max_length: int = 2048, normalize: bool = True) -> None:
+    """Score every RL stage's samples with a reward model (a sequence-classification folder, e.g. `rlhf rm`'s) as
+    well: score = rule_weight x rule + weight x RM; rule_weight=0 trains on the reward model alone and still reports
+    the rule as reward/rule/mean. `normalize`: apply the reward mean/std stored with the model (docs/rewards.md)."""
+    for stage in selectors.select(cfg, RLTrainer):
+        use_reward_model(stage, path, weight=weight, tokenizer_path=tokenizer_path, max_length=max_length,
+                         rule_weight=rule_weight, normalize=normalize)
 
 
 def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate", transport: Transport = "auto",

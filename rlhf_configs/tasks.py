@@ -145,9 +145,14 @@ def use_reward_model(
     weight: float = 1.0,
     tokenizer_path: str | None = None,
     max_length: int = 2048,
+    rule_weight: float = 1.0,
+    normalize: bool = True,
 ) -> None:
-    """Add a sequence-classification reward model's score (x weight) to the rule score, in a group
-    colocated with the policy (RLTrainer(reward_model=, reward_model_weight=))."""
+    """Score the stage's samples with a sequence-classification reward model too, in a group colocated with the
+    policy: score = rule_weight x rule + weight x RM (RLTrainer's reward_model, reward_model_weight, rule_weight).
+    rule_weight=0: the reward model alone is trained on, the rule score is still reported; a stage without a rule
+    reward (`stage.reward = None`) needs no scorer at all. `normalize`: apply the reward mean and std stored with
+    the model (a reward model trained here stores them; others have none and are left as they are)."""
     policy = stage.policy
     stage.train_data.raw_prompt = True  # the reward model re-renders the chat messages with its template
     stage.reward_model = fdl.Config(
@@ -159,6 +164,7 @@ def use_reward_model(
             tokenizer_path=tokenizer_path,
             training=policy.worker.training,  # the policy's node: its strategy, micro-batches, compute dtype
             max_length=max_length,
+            normalize=normalize,
         ),
         num_workers=policy.num_workers,
         cpus_per_worker=policy.cpus_per_worker,
@@ -166,3 +172,4 @@ def use_reward_model(
         colocate_with="policy",
     )
     stage.reward_model_weight = weight
+    stage.rule_weight = rule_weight

@@ -47,6 +47,7 @@ FUNCTION_LEVEL: dict[str, str] = {
     "the runtimes",
     "rlhf.cli.dpo": "`rlhf dpo --help` answers without the graph, torch and the runtimes",
     "rlhf.cli.sft": "`rlhf sft --help` answers without the graph, torch and the runtimes (8 s of CPU)",
+    "rlhf.cli.rm": "`rlhf rm --help` answers without the graph, torch and the runtimes",
     "rlhf.cli.generate_eval": "`rlhf generate|eval|probe --help` answer without the graphs, torch and the runtimes",
     "rlhf.cli.rollouts": "`rlhf rollouts --help` answers without torch, and `show` without textual (`view`'s)",
     "rlhf.runtime.ray_runtime": "a Ray actor sets its torch.distributed environment before importing torch",

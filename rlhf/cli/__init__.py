@@ -12,7 +12,8 @@ parse their own, beside what they run: `rlhf serve` (`rlhf.serve.server`) and `r
 - `diff`, `viz`, `rerun`, `ui`: `rlhf diff|viz|rerun|ui` (what differs between graphs, the stage
   pictures, a stored run's graph run again, Aim's UI).
 - `export`: `rlhf export` (a stage, checkpoint or adapter -> a model folder).
-- `sft`: `rlhf sft`; `dpo`: `rlhf dpo`; `generate_eval`: `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
+- `sft`: `rlhf sft`; `dpo`: `rlhf dpo`; `rm`: `rlhf rm` (a reward model on preference pairs); `generate_eval`:
+  `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
   a model loads: `job_inputs`). Their flags' defaults are the graph builders', read from the builders'
   source (`source_defaults`), so `--help` imports neither torch nor the runtimes.
 - `rollouts`: `rlhf rollouts show|view`; `data`: `rlhf data prepare` (`prepare_preferences`: its `preferences`
@@ -78,6 +79,9 @@ COMMANDS: dict[str, Command] = {
     "dpo": Command("rlhf.cli.dpo:dpo_main",
                    (("MODEL --data PAIRS [--loss sigmoid|ipo|...]",
                      "learn from preference pairs: DPO, robust DPO, IPO, SimPO, RPO"),)),
+    "rm": Command("rlhf.cli.rm:rm_main",
+                  (("MODEL --data PAIRS [--val PAIRS]",
+                    "train a reward model on preference pairs (Bradley-Terry)"),)),
     "export": Command("rlhf.cli.export:export_main",
                       (("SOURCE OUT [--step N]", "a stage, checkpoint (LoRA too) or adapter -> model folder"),)),
     "models": Command("rlhf.cli.models:models_main",

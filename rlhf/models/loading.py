@@ -149,18 +149,31 @@ class ModelSource:
 
 def hf_model_source(
     auto_class: type, name_or_path: str, dtype: str = "float32",
-    finish: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m, **config_kwargs,
+    finish: Callable[[torch.nn.Module], torch.nn.Module] = lambda m: m,
+    on_missing: Callable[[torch.nn.Module, list[str]], None] | None = None, **config_kwargs,
 ) -> ModelSource:
     """A Hugging Face model folder (or hub id) as a `ModelSource` of `auto_class`
     (AutoModelForCausalLM, AutoModelForTokenClassification...); `finish` runs on either result.
+    `on_missing(model, keys)` sees the weights the folder lacked (which transformers initialised
+    afresh) and may raise; None: they are accepted (a value head started on a causal LM).
     An adapter folder is its base model with the adapter merged in (the skeleton is the base's)."""
     path, torch_dtype = resolve_model_path(name_or_path), getattr(torch, dtype)
     if is_adapter_folder(path):
-        base = hf_model_source(auto_class, adapter_base_path(path), dtype, **config_kwargs)
+        base = hf_model_source(auto_class, adapter_base_path(path), dtype, on_missing=on_missing, **config_kwargs)
         return ModelSource(lambda: finish(merge_adapter_into(base.load(), path)), lambda: finish(base.skeleton()))
 
     def load() -> torch.nn.Module:
-        return finish(auto_class.from_pretrained(path, dtype=torch_dtype, **config_kwargs))
+        if on_missing is None:
+            return finish(auto_class.from_pretrained(path, dtype=torch_dtype, **config_kwargs))
+        verbosity = transformers.utils.logging.get_verbosity()
+        transformers.utils.logging.set_verbosity_error()  # its load report: `on_missing` says what matters
+        try:
+            model, info = auto_class.from_pretrained(path, dtype=torch_dtype, output_loading_info=True,
+                                                     **config_kwargs)
+        finally:
+            transformers.utils.logging.set_verbosity(verbosity)
+        on_missing(model, sorted(info.get("missing_keys") or []))
+        return finish(model)
 
     def skeleton() -> torch.nn.Module:
         return finish(auto_class.from_config(AutoConfig.from_pretrained(path, **config_kwargs), dtype=torch_dtype))

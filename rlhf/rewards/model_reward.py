@@ -2,12 +2,14 @@
 
     score_i = rule_weight * rule_i + model_weight * rm_i
 
-`rule` is the (B,) score the `RewardManager` (or `CombinedReward`) gave each response, and `rm`
-the (B,) `rm_scores` of `RewardModelWorker.score`. As in `score_rollout`, the mixed score sits on
-each response's last valid token of `token_level_scores` (B, T), 0 elsewhere (and nowhere for an
-empty response). Each part is kept per row ("reward_extra/rule/score", "reward_extra/model/score")
-and averaged in metrics ("reward/rule/mean", "reward/model/mean"), as `CombinedReward` reports
-its sources.
+`rule` is the (B,) score the `RewardManager` (or `CombinedReward`) gave each response, or None when
+the stage has no rule reward (a reward model alone: score_i = model_weight * rm_i), and `rm` the (B,)
+`rm_scores` of `RewardModelWorker.score`. As in `score_rollout`, the mixed score sits on each
+response's last valid token of `token_level_scores` (B, T), 0 elsewhere (and nowhere for an empty
+response). Each part is kept per row ("reward_extra/rule/score", "reward_extra/model/score": the
+rollout records show them) and averaged in metrics ("reward/rule/mean", "reward/model/mean"), as
+`CombinedReward` reports its sources. With rule_weight 0 the rule is still reported: a rule that is
+not trained on watches the reward model (a gold score beside the proxy).
 """
 
 from __future__ import annotations
@@ -32,30 +34,30 @@ def place_on_last_token(scores: torch.Tensor, response_mask: torch.Tensor) -> to
 
 
 def mix_model_scores(
-    scored: Batch,
+    rule: torch.Tensor | None,
     rm_scores: torch.Tensor,
     response_mask: torch.Tensor,
     *,
     model_weight: float = 1.0,
     rule_weight: float = 1.0,
 ) -> tuple[Batch, dict[str, float]]:
-    """`scored` (what `score_rollout` returns: `scores` (B,), `token_level_scores` (B, T)) with the
-    reward model's (B,) `rm_scores` mixed in by weight; returns the new columns and metrics."""
-    rule = scored["scores"].float()
+    """The (B,) rule scores (None: no rule reward) and the reward model's (B,) `rm_scores` mixed by weight:
+    `scores` (B,), `token_level_scores` (B, T), `rm_scores` and the per-row parts; returns them and metrics."""
     rm = rm_scores.float().reshape(-1)
-    if rm.shape != rule.shape:
+    if rule is not None and rm.shape != rule.shape:
         raise ValueError(f"mix_model_scores: {rm.shape[0]} reward-model scores for {rule.shape[0]} rows")
     if not torch.isfinite(rm).all():
         raise FloatingPointError(
             "the reward model returned NaN/Inf scores; check its dtype (bf16 overflow?) and inputs"
         )
-    scores = rule_weight * rule + model_weight * rm
-    out = Batch(
-        {"scores": scores, "token_level_scores": place_on_last_token(scores, response_mask), "rm_scores": rm},
-        {"reward_extra/rule/score": rule.tolist(), "reward_extra/model/score": rm.tolist()},
-    )
-    metrics = {
-        "reward/rule/mean": float(rule.mean()) if len(rule) else 0.0,
-        "reward/model/mean": float(rm.mean()) if len(rm) else 0.0,
-    }
+    scores = model_weight * rm
+    parts = {"reward_extra/model/score": rm.tolist()}
+    metrics = {"reward/model/mean": float(rm.mean()) if len(rm) else 0.0}
+    if rule is not None:
+        rule = rule.float()
+        scores = scores + rule_weight * rule
+        parts["reward_extra/rule/score"] = rule.tolist()
+        metrics["reward/rule/mean"] = float(rule.mean()) if len(rule) else 0.0
+    out = Batch({"scores": scores, "token_level_scores": place_on_last_token(scores, response_mask), "rm_scores": rm},
+                parts)
     return out, metrics

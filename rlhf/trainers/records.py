@@ -6,6 +6,10 @@ one summary line per step (`format_step_summary`: a long run records thousands o
 (rlhf.agents) is also recorded as `segments`: its runs of tokens the policy sampled and was trained
 on (`trained` true) and of tokens it was only shown (tool results, template tokens), decoded with the
 special tokens; `show` prints them one per line, `rlhf rollouts view` dims the untrained ones.
+Where the score has parts, each row carries them under `reward_extra`: a scorer's extra values
+(`{"lenient": 1.0, "partial": 0.0}`) and, with a reward model, the rule's and the model's own scores
+(`"rule/score"`, `"model/score"`; score = rule_weight x rule + weight x model), so a reader sees per
+sample how much of the score came from the reward model.
 
 A step's rows are appended in one write; a write that fails (a full disk) is cut back to where
 the file ended, so the file never keeps half a step. A kill in the middle of the write can still
@@ -84,6 +88,8 @@ class RolloutRecorder:
             real = batch["attention_mask"][:, -mask.shape[1]:].bool()
             untrained = (real & ~mask).any(dim=1).tolist()  # tokens the loss did not see: tell them apart
         versions = batch["policy_version"].tolist() if "policy_version" in batch else None
+        parts = {key.removeprefix("reward_extra/"): batch[key] for key in batch.non_tensors
+                 if key.startswith("reward_extra/")}
         prompt_texts = dict(zip(rows, prompts(rows) if callable(prompts) else [prompts[i] for i in rows]))
         folder.mkdir(parents=True, exist_ok=True)
         lines = []
@@ -108,9 +114,20 @@ class RolloutRecorder:
                     tokenizer, batch["responses"][i][real_i].tolist(), mask[i][real_i].int().tolist())]
             if versions is not None:  # the weights that generated it (behind the step's with async rollout)
                 row["policy_version"] = int(versions[i])
+            extras = {name: _json_value(column[i]) for name, column in parts.items() if column[i] is not None}
+            if extras:
+                row["reward_extra"] = extras
             lines.append(json.dumps(row, ensure_ascii=False))
         append_whole(folder / RECORDS_FILE, "".join(line + "\n" for line in lines).encode("utf-8"))
         return len(lines)
+
+
+def _json_value(value):
+    """A scorer's extra value as JSON holds it: numpy and torch scalars as Python numbers, anything else
+    that JSON has no type for as its text."""
+    if isinstance(value, (np.generic, torch.Tensor)):
+        value = value.item()
+    return value if isinstance(value, (bool, int, float, str)) else str(value)
 
 
 def append_whole(path: Path, data: bytes) -> None:
@@ -184,7 +201,7 @@ def format_records(rows: list[dict], max_chars: int = 200) -> str:
         lines.append(f"  prompt: {group[0]['prompt'][:max_chars]!r}")
         for label, r in (("best", group[0]), ("worst", group[-1])):
             if "segments" not in r:
-                lines.append(f"  {label:5} score {r['score']:+.3f} adv {r['advantage']:+.3f}: "
+                lines.append(f"  {label:5} score {r['score']:+.3f}{_parts(r)} adv {r['advantage']:+.3f}: "
                              f"{r['response'][:max_chars]!r}")
                 continue
             agent = r.get("agent") or {}
@@ -193,6 +210,13 @@ def format_records(rows: list[dict], max_chars: int = 200) -> str:
             for segment in r["segments"]:
                 lines.append(f"      {'trained' if segment['trained'] else 'context':7} | {segment['text'][:max_chars]!r}")
     return "\n".join(lines)
+
+
+def _parts(row: dict) -> str:
+    """` (rule +1.000, model -0.312)` when the row's score was mixed from a rule and a reward model, else ''."""
+    extras = row.get("reward_extra") or {}
+    named = [(name, extras[f"{name}/score"]) for name in ("rule", "model") if f"{name}/score" in extras]
+    return " (" + ", ".join(f"{name} {value:+.3f}" for name, value in named) + ")" if named else ""
 
 
 def format_step_summary(rows: list[dict], max_chars: int = 60) -> str:

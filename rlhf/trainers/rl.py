@@ -73,11 +73,15 @@ class NonFiniteTrainingError(FloatingPointError):
     """Gradients were NaN/Inf for too many consecutive steps; the weights were never touched."""
 
 
-def _refuse_bad_setups(train_data, reward: RewardManager, advantage, sampling: SamplingParams, *, critic,
+def _refuse_bad_setups(train_data, reward: RewardManager | None, advantage, sampling: SamplingParams, *, critic,
                        dynamic_sampling, reward_model) -> None:
     """Raise ValueError for what RLTrainer cannot run (the same setups preflight refuses), before any model work."""
-    reward.check_sources(train_data.data_sources)
-    reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
+    if reward is None and reward_model is None:
+        raise ValueError("RLTrainer: reward=None needs a reward model to score the samples (reward_model=...: "
+                         "rlhf_configs.tasks.use_reward_model, or --config 'fiddler:reward_model(path=...)').")
+    if reward is not None:
+        reward.check_sources(train_data.data_sources)
+        reward.check_generation_limit(sampling.max_new_tokens)  # overlong shaping reads it from each rollout
     problems = setup_problems(advantage, n=sampling.n, has_critic=critic is not None,
                               dynamic_sampling=dynamic_sampling is not None)
     if problems:
@@ -97,7 +101,7 @@ class RLTrainer:
         policy: PolicyGroup,  # the WorkerGroup of PolicyWorkers (actor + rollout + reference)
         tokenizer: PreTrainedTokenizerBase,
         train_data: PromptDataset | StreamingPromptDataset,
-        reward: RewardManager,
+        reward: RewardManager | None,  # the rule reward; None: the reward model alone scores (needs `reward_model`)
         advantage=GRPO(),  # an advantage estimator from rlhf.algos
         sampling: SamplingParams = SamplingParams(n=8, temperature=1.0, max_new_tokens=32),
         prompts_per_step: PositiveInt = 16,  # prompts per RL step; samples per step = prompts x sampling.n
@@ -122,7 +126,10 @@ class RLTrainer:
         # fdl.Partial(RolloutRecorder, max_groups_per_step=...); None: not recorded
         records: Callable[[], RolloutRecorder] | None = RolloutRecorder,
         reward_model=None,  # WorkerGroup of RewardModelWorker: its score is added to the rule score
-        reward_model_weight: float = 1.0,  # score = rule score + reward_model_weight * reward-model score
+        reward_model_weight: float = 1.0,  # score = rule_weight * rule score + reward_model_weight * reward-model score
+        # the rule score's weight beside a reward model; 0: the rule is reported (reward/rule/mean, rollout records)
+        # but not trained on, e.g. a gold rule watching a learned reward model
+        rule_weight: float = 1.0,
         rollout_correction: RolloutCorrection | None = None,  # TIS / rejection (MIS) of the rollout-trainer mismatch
         # DAPO dynamic sampling: fdl.Partial(DynamicSamplingAccumulator, max_attempts=k) (the trainer passes
         # target_num_groups=prompts_per_step); None: off
@@ -159,6 +166,7 @@ class RLTrainer:
         self.records = records() if records is not None else None
         self.reward_model = reward_model
         self.reward_model_weight = reward_model_weight
+        self.rule_weight = rule_weight
         self.rollout_correction = rollout_correction
         self.dynamic_sampling = dynamic_sampling
         self.pf_ppo = pf_ppo
@@ -372,14 +380,14 @@ class RLTrainer:
             batch, produced = self._produce(prompts, self.sampling, generate)
         with timed(timing, "reward"):
             scores, metrics = score_rollout(batch, self.tokenizer, self.reward, self.reward_model,
-                                            self.reward_model_weight)
+                                            self.reward_model_weight, self.rule_weight)
             batch = batch.union(scores)
         metrics.update(produced)
         if self.estimator_needs.baseline_rollout:  # ReMax: the greedy response's score is each sample's baseline
             with timed(timing, "gen_max"):
                 greedy = self._produce(prompts, dataclasses.replace(self.sampling, n=1, temperature=0.0), generate)[0]
                 baseline = score_rollout(greedy, self.tokenizer, self.reward, self.reward_model,
-                                         self.reward_model_weight)[0]["scores"]
+                                         self.reward_model_weight, self.rule_weight)[0]["scores"]
             batch["baseline_rewards"] = baseline.repeat_interleave(self.sampling.n)
             metrics["critic/baseline_score/mean"] = float(baseline.mean())
         return batch, metrics

@@ -25,16 +25,17 @@ __all__ = ["save_merged_and_adapter"]
 
 def save_merged_and_adapter(
     trainer: ModelTrainer, adapter: Callable[[torch.nn.Module], torch.nn.Module], base_model: str,
-    tokenizer: PreTrainedTokenizerBase, path: str,
+    tokenizer: PreTrainedTokenizerBase, path: str, auto_class: type = AutoModelForCausalLM,
 ) -> str:
-    """Write `path` (the merged model) and `<path>-adapter` atomically on the main rank; every rank calls it."""
+    """Write `path` (the merged model) and `<path>-adapter` atomically on the main rank; every rank calls it.
+    `auto_class`: the model's kind (a reward model's AutoModelForSequenceClassification)."""
     model = trainer.unwrapped()
     main = trainer.accelerator.is_main_process
     if is_sharded(model):  # gather a whole copy on rank 0
         trainer.accelerator.wait_for_everyone()
         state = trainer.full_state_dict()  # every rank takes part; rank 0 gets the weights
         config = model.get_base_model().config
-        model = unsharded_copy(model, state, lambda: adapter(AutoModelForCausalLM.from_config(config))) \
+        model = unsharded_copy(model, state, lambda: adapter(auto_class.from_config(config))) \
             if main else None
     if main:
         set_base_model(model, base_model)

@@ -55,10 +55,13 @@ class LoRA:
         self.target_modules = tuple(target_modules)
 
     def __call__(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` frozen with adapters; a sequence-classification model (a reward model) keeps its score head
+        trainable, whole (PEFT's SEQ_CLS task: the head is new, so an adapter of it would learn nothing)."""
         peft = peft_module()
+        task = "SEQ_CLS" if type(model).__name__.endswith("ForSequenceClassification") else "CAUSAL_LM"
         config = peft.LoraConfig(
             r=self.rank, lora_alpha=self.alpha, lora_dropout=self.dropout,
-            target_modules=list(self.target_modules), task_type="CAUSAL_LM",
+            target_modules=list(self.target_modules), task_type=task,
         )
         return peft.get_peft_model(model, config)
 

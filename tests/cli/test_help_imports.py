@@ -14,10 +14,10 @@ from rlhf.cli.source_defaults import source_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "datasets", "fiddle", "ray", "aim", "rlhf.runtime", "rlhf_configs.sft",
-         "rlhf_configs.generate_eval", "rlhf_configs.dpo")
+         "rlhf_configs.generate_eval", "rlhf_configs.dpo", "rlhf_configs.reward_model")
 
 
-@pytest.mark.parametrize("command", ["sft", "dpo", "generate", "eval", "probe", "data prepare preferences"])
+@pytest.mark.parametrize("command", ["sft", "dpo", "rm", "generate", "eval", "probe", "data prepare preferences"])
 def test_help_imports_nothing_heavy(command):
     code = (f"import sys\nfrom rlhf.cli import main\ntry:\n    main([*{command.split()!r}, '--help'])\nexcept SystemExit:\n"
             f"    pass\nprint('heavy:', sorted(m for m in {HEAVY!r} if m in sys.modules))")
@@ -32,6 +32,7 @@ def test_help_imports_nothing_heavy(command):
 # builder -> its defaults that are no literal (left out of the help: the command line does not set them)
 BUILDERS = {("rlhf_configs.sft", "sft_stage"): set(),
             ("rlhf_configs.dpo", "dpo_stage"): set(),
+            ("rlhf_configs.reward_model", "rm_stage"): set(),
             ("rlhf_configs.generate_eval", "generation_experiment"): set(),
             ("rlhf_configs.generate_eval", "eval_experiment"): set(),
             ("rlhf_configs.generate_eval", "probe_experiment"): set(),

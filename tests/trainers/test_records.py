@@ -160,3 +160,25 @@ def test_prompts_are_decoded_for_the_recorded_rows_only(tmp_path):
     assert [r["prompt"] for r in rows] == [f"prompt {i}" for i in asked[0]]
     assert [r["response"] for r in rows] == [["6", "7", "9", "8"][i] for i in asked[0]]
     assert [r["advantage"] for r in rows] == pytest.approx([-0.5, 1.5] if asked[0] == [0, 1] else [0.2, 0.1])
+
+
+def test_each_records_reward_parts_are_kept(tmp_path):
+    """A scorer's extra values and a reward model's share of the score are in the record of each row they were
+    reported for (docs/rewards.md), as JSON numbers; rows a scorer left out carry none; `show` prints the parts."""
+    import numpy as np
+
+    batch = scored_batch()
+    batch["reward_extra/lenient"] = [1.0, np.float32(0.5), None, True]
+    batch["reward_extra/rule/score"] = [0.0, 1.0, 0.0, 0.0]
+    batch["reward_extra/model/score"] = [-0.25, 0.125, 2.0, 0.0]
+    RolloutRecorder().write(tmp_path, 1, batch, ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+    rows = read_records(tmp_path)
+    assert [r["reward_extra"] for r in rows] == [
+        {"lenient": 1.0, "rule/score": 0.0, "model/score": -0.25},
+        {"lenient": 0.5, "rule/score": 1.0, "model/score": 0.125},
+        {"rule/score": 0.0, "model/score": 2.0},
+        {"lenient": True, "rule/score": 0.0, "model/score": 0.0},
+    ]
+    assert "best  score +1.000 (rule +1.000, model +0.125) adv +1.500: '7'" in format_records(rows[:2])
+    RolloutRecorder().write(tmp_path / "plain", 1, scored_batch(), ["6", "7", "9", "8"], ["p1", "p1", "p2", "p2"])
+    assert all("reward_extra" not in r for r in read_records(tmp_path / "plain"))

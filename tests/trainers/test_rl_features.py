@@ -29,6 +29,7 @@ from rlhf.workers.training import TrainingSetup
 from rlhf_configs.algorithms import use_gae_with_critic
 from rlhf_configs.pieces import policy_group
 from rlhf_configs.tasks import use_reward_model
+import rlhf_configs.common as common
 
 
 def rl_stage(**trainer) -> fdl.Config:
@@ -118,6 +119,44 @@ def test_a_reward_model_score_is_added_to_each_rows_rule_score(tmp_path):
     for record, rm_score in zip(records, rm_scores):
         rule = digit_match_score(record["response"], record["ground_truth"])
         assert record["score"] == pytest.approx(rule + 0.5 * rm_score, abs=1e-5), record
+        # each part of the score is in the record: how much came from the reward model
+        assert record["reward_extra"]["rule/score"] == pytest.approx(rule, abs=1e-6)
+        assert record["reward_extra"]["model/score"] == pytest.approx(rm_score, abs=1e-5)
+
+
+def unscored_rows(n: int) -> list[dict]:
+    """Arithmetic prompts of a data source no scorer knows."""
+    return [{**row, "data_source": "no-scorer-for-this"} for row in arithmetic_rows(n)]
+
+
+def test_the_reward_model_fiddler_trains_on_the_reward_model_alone(tmp_path):
+    """`fiddler:reward_model(path=..., weight=2.0, rule_weight=0)`: the score is 2 x the reward model's, the
+    rule is still reported beside it; with no rule reward at all (reward=None) no scorer is needed."""
+    stage = rl_stage(total_steps=1)
+    common.reward_model(stage, path=tiny_reward_model(), weight=2.0, rule_weight=0.0, max_length=256)
+    assert stage.reward_model.worker.model_path == tiny_reward_model() and stage.rule_weight == 0.0
+    steps = run(stage, tmp_path)
+    records = read_records(tmp_path)
+    assert records and all(r["score"] == pytest.approx(2.0 * r["reward_extra"]["model/score"], abs=1e-5)
+                           for r in records)
+    assert all("rule/score" in r["reward_extra"] for r in records) and "reward/rule/mean" in steps[1]  # reported
+
+    stage = rl_stage(total_steps=1)
+    stage.reward = None
+    stage.train_data.rows = fdl.Config(unscored_rows, n=32)
+    common.reward_model(stage, path=tiny_reward_model(), weight=2.0, max_length=256)
+    steps = run(stage, tmp_path / "rm_only")
+    assert "reward/rule/mean" not in steps[1]
+    assert steps[1]["critic/score/mean"] == pytest.approx(2.0 * steps[1]["reward/model/mean"], abs=1e-5)
+    records = read_records(tmp_path / "rm_only")
+    assert all(set(r["reward_extra"]) == {"model/score"} for r in records)
+
+
+def test_an_rl_stage_without_rule_or_reward_model_is_refused():
+    stage = rl_stage()
+    stage.reward = None
+    with pytest.raises(ValueError, match="reward=None needs a reward model"):
+        run(stage, Path("/nonexistent"))
 
 
 def test_the_adaptive_kl_coefficient_continues_after_a_resume(tmp_path):

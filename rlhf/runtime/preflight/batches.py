@@ -1,6 +1,6 @@
 """Batch arithmetic: how one step's samples split over data-parallel workers, mini- and micro-batches.
 
-`stage_batches` reads it from an RL or SFT stage's graph, `batch_problems` says what does not
+`stage_batches` reads it from an RL, SFT, DPO or reward-model stage's graph, `batch_problems` says what does not
 divide (an error: a padded row would train twice, or a mini-batch would weigh wrong; a warning
 for micro-batches, which change memory use, not the update), and `batch_table` prints it.
 """
@@ -21,6 +21,7 @@ from rlhf.runtime.preflight.graph import args, cli_path, get, is_a, nodes, runti
 from rlhf.runtime.remote import Remote
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.dpo import DPOTrainer
+from rlhf.trainers.reward_model import RewardModelTrainer
 from rlhf.trainers.sft import SFTTrainer
 
 __all__ = ["BatchArithmetic", "batch_problems", "batch_table", "stage_batches"]
@@ -33,7 +34,7 @@ class BatchArithmetic:
     stage: str
     prompts: int  # prompts per RL step (examples per SFT step)
     n: int  # samples per prompt (1 for SFT)
-    workers: int  # data-parallel policy workers that run the update
+    workers: int  # data-parallel workers that run the update
     mini_batches: int  # optimizer steps per epoch
     micro_batch_size: int  # rows per forward/backward
     epochs: int
@@ -41,6 +42,7 @@ class BatchArithmetic:
     prompts_field: str = "prompts_per_step"  # its argument that sets `prompts` (batch_size for SFT)
     note: str = ""  # e.g. the runtime uses fewer workers than the graph asks for
     pairs: bool = False  # DPO: `prompts` counts preference pairs (n = 2 rows each), never split between workers
+    group: str = "policy"  # the trained group's argument of the trainer (`rm` for a reward model)
 
     @property
     def samples(self) -> int:
@@ -86,26 +88,32 @@ def batch_table(batches: Sequence[BatchArithmetic]) -> str:
     return "\n".join([text, legend, *notes])
 
 
+def _role(b: BatchArithmetic) -> str:
+    return "reward-model" if b.group == "rm" else "policy"
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.2f} (!)"
 
 
 def stage_batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
-    """The batch arithmetic of every RL/SFT trainer of a stage whose numbers are plain (else none)."""
+    """The batch arithmetic of every RL/SFT/DPO/reward-model trainer of a stage whose numbers are plain (else none)."""
     out = []
     kind, _ = runtime_kind(graph)
     for node, path in nodes(stage, stage_prefix(name)):
-        if not (is_a(node, RLTrainer) or is_a(node, SFTTrainer)):
+        if not (is_a(node, RLTrainer) or is_a(node, SFTTrainer) or is_a(node, RewardModelTrainer)):
             continue
         arguments = args(node)
-        policy = arguments.get("policy")
+        role = "rm" if is_a(node, RewardModelTrainer) else "policy"
+        pairs = is_a(node, DPOTrainer) or role == "rm"  # batch_size counts preference pairs
+        policy = arguments.get(role)
         if not is_a(policy, Remote):
             continue
         group, training = args(policy), get(get(policy, "worker"), "training")  # a TrainingSetup (node)
         if is_a(node, RLTrainer):
             field, prompts = "prompts_per_step", arguments.get("prompts_per_step")
             n = get(arguments.get("sampling"), "n")
-        elif is_a(node, DPOTrainer):  # batch_size pairs, 2 rows each
+        elif pairs:  # 2 rows each
             field, prompts, n = "batch_size", arguments.get("batch_size"), 2
         else:
             field, prompts, n = "batch_size", arguments.get("batch_size"), 1
@@ -119,7 +127,7 @@ def stage_batches(graph: Any, name: str, stage: Any) -> list[BatchArithmetic]:
             note = f"LocalRuntime runs the {group.get('name')!r} group with 1 worker instead of {numbers[2]}"
         label = name if len(path) <= 2 else f"{name} ({cli_path(path)})"
         out.append(BatchArithmetic(label, prompts, n, workers, numbers[3], numbers[4], numbers[5], cli_path(path),
-                                   field, note, pairs=is_a(node, DPOTrainer)))
+                                   field, note, pairs=pairs, group=role))
     return out
 
 
@@ -134,7 +142,7 @@ def batch_problems(b: BatchArithmetic) -> tuple[list[str], list[str]]:
         fits = [w for w in range(1, b.workers + 1) if b.prompts % w == 0]
         errors.append(
             f"stage {stage!r}: batch_size = {b.prompts} preference pairs per step do not split evenly over "
-            f"{b.workers} data-parallel policy workers (each rank trains whole pairs). Make it a multiple of "
+            f"{b.workers} data-parallel {_role(b)} workers (each rank trains whole pairs). Make it a multiple of "
             f"{b.workers} (e.g. --config set:{path}.batch_size={_next_multiple(b.prompts, b.workers)}), or use "
             f"{fits[-1]} workers (--config 'fiddler:workers(n={fits[-1]})')."
         )
@@ -142,7 +150,7 @@ def batch_problems(b: BatchArithmetic) -> tuple[list[str], list[str]]:
     if b.samples % b.workers:
         fits = [w for w in range(1, b.workers + 1) if b.samples % w == 0]
         errors.append(
-            f"stage {stage!r}: {what} per step do not split evenly over {b.workers} data-parallel policy workers "
+            f"stage {stage!r}: {what} per step do not split evenly over {b.workers} data-parallel {_role(b)} workers "
             f"(PolicyWorker.update is @shard_exact: a padded row would train twice). Make it a multiple of "
             f"{b.workers} (e.g. --config set:{path}.{b.prompts_field}="
             f"{_next_multiple(b.prompts, b.workers // math.gcd(b.workers, b.n))}), or use {fits[-1]} workers "
@@ -152,8 +160,8 @@ def batch_problems(b: BatchArithmetic) -> tuple[list[str], list[str]]:
     rows = b.samples // b.workers
     if b.mini_batches > rows:
         errors.append(
-            f"stage {stage!r}: each worker gets {rows} rows per step but the policy worker wants {b.mini_batches} "
-            f"mini-batches. Use at most {rows} (--config set:{path}.policy.worker.training.mini_batches={rows})."
+            f"stage {stage!r}: each worker gets {rows} rows per step but the {_role(b)} worker wants {b.mini_batches} "
+            f"mini-batches. Use at most {rows} (--config set:{path}.{b.group}.worker.training.mini_batches={rows})."
         )
     elif rows % b.mini_batches:
         divisors = [d for d in range(1, rows + 1) if rows % d == 0]
@@ -161,7 +169,7 @@ def batch_problems(b: BatchArithmetic) -> tuple[list[str], list[str]]:
         errors.append(
             f"stage {stage!r}: each worker's {rows} rows per step do not split into {b.mini_batches} equal "
             f"mini-batches (the last would be smaller and weigh as much in its optimizer step). Use a divisor of "
-            f"{rows}, e.g. --config set:{path}.policy.worker.training.mini_batches={close}, or change the samples per step."
+            f"{rows}, e.g. --config set:{path}.{b.group}.worker.training.mini_batches={close}, or change the samples per step."
         )
     else:
         mini = rows // b.mini_batches
@@ -169,7 +177,7 @@ def batch_problems(b: BatchArithmetic) -> tuple[list[str], list[str]]:
             warnings.append(
                 f"stage {stage!r}: micro_batch_size={b.micro_batch_size} does not divide the {mini} rows of a "
                 f"mini-batch: the last micro-batch has {mini % b.micro_batch_size} rows (same update, uneven memory "
-                f"use). A divisor of {mini} avoids it (set:{path}.policy.worker.training.micro_batch_size=...)."
+                f"use). A divisor of {mini} avoids it (set:{path}.{b.group}.worker.training.micro_batch_size=...)."
             )
     return errors, warnings
 

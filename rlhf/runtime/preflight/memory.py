@@ -36,6 +36,7 @@ from rlhf.runtime.preflight.graph import args, get, is_a, nodes, runtime_kind, s
 from rlhf.rollout.vllm_engine import device_share
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.dpo import DPOTrainer
+from rlhf.trainers.reward_model import RewardModelTrainer
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.fsdp import FSDP, resolve_strategy
 from rlhf.workers.memory import GiB, MemoryEstimate, Phase, Placement, Term, Workload
@@ -146,8 +147,9 @@ def _stage_models(graph: Any) -> dict[str, str]:
             plan = compile_graph(stage)
         except (TypeError, ValueError):
             continue
-        if "policy" in plan.groups:
-            path = plan_model_path(plan.worker_arguments("policy").get("model_path"), out)
+        trained = next((group for group in ("policy", "rm") if group in plan.groups), None)  # rm: a reward model
+        if trained is not None:
+            path = plan_model_path(plan.worker_arguments(trained).get("model_path"), out)
             if path:
                 out[name] = path
     return out
@@ -168,13 +170,13 @@ def _workload(stage: Any, name: str) -> tuple[Workload | None, str]:
             if not all(isinstance(x, int) and x > 0 for x in numbers):
                 return None, "its prompts, samples or lengths are not plain numbers"
             return Workload(width, new, n=n, rows=prompts * n), ""
-        if is_a(node, SFTTrainer):
+        if is_a(node, SFTTrainer) or is_a(node, RewardModelTrainer):
             a = args(node)
             data, rows = a.get("data"), a.get("batch_size")
             width = get(data, "max_length") if isinstance(data, fdl.Buildable) else None
             if not all(isinstance(x, int) and x > 0 for x in (rows, width)):
                 return None, "its batch size or max_length is not a plain number"
-            if is_a(node, DPOTrainer):  # batch_size counts pairs: two rows each
+            if is_a(node, DPOTrainer) or is_a(node, RewardModelTrainer):  # batch_size counts pairs: two rows each
                 rows *= 2
             return Workload(0, width, n=1, rows=rows, generate=False), ""
     return None, "no RL or SFT trainer"

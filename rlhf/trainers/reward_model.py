@@ -1,0 +1,154 @@
+"""The reward-model trainer: a one-label score head trained on preference pairs (Bradley-Terry).
+
+batch of pairs -> update -> log -> validate (held-out accuracy, margin, chosen/rejected means) -> checkpoint;
+at the end the reward mean and std over the training pairs go into the model's config, and `final/` is a
+Hugging Face folder that `RewardModelWorker` loads for RL with its head intact and normalises with those
+statistics (as OpenRLHF stores them). The group is a `RewardModelWorker` group built with a loss
+(rlhf_configs.reward_model.rm_stage); gradient accumulation, the LR schedule and data parallelism are its
+`ModelTrainer`'s, as in the SFT stage. A pair's two rows carry one `uid` (`PreferenceDataset`), so the group
+shards whole pairs and the worker keeps them in one micro-batch.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from rlhf.algos import BradleyTerryLoss
+from rlhf.batch import Batch
+from rlhf.data.preferences import PreferenceDataset
+from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.trainers.checkpoint import CheckpointManager
+from rlhf.trainers.context import StageContext
+from rlhf.trainers.metrics import mean_over_ranks
+
+
+def pair_scores(rm, data: PreferenceDataset, batch_size: int, limit: int | None = None) -> torch.Tensor:
+    """(N, 2) raw scores (chosen, rejected) of the first `limit` pairs of `data` (None: all), in order."""
+    parts, seen = [], 0
+    for batch in data.in_order(batch_size):
+        if limit is not None and seen >= limit:
+            break
+        if limit is not None and seen + len(batch) // 2 > limit:
+            batch = batch.index(slice(0, 2 * (limit - seen)))
+        scores = rm.compute_scores(batch)["rm_scores"].float()
+        parts.append(scores.reshape(-1, 2))
+        seen += len(scores) // 2
+    return torch.cat(parts) if parts else torch.zeros(0, 2)
+
+
+def heldout_metrics(scores: torch.Tensor) -> dict[str, float]:
+    """Held-out metrics of (N, 2) scores (chosen, rejected): `rm/accuracy` (the fraction of pairs whose chosen
+    side scores strictly higher, TRL's accuracy), `rm/margin` (mean chosen - rejected), `rm/chosen_mean`,
+    `rm/rejected_mean`, and `val/rm_loss`, the mean Bradley-Terry loss -log sigmoid(chosen - rejected)
+    (no margin: what the held-out ranking costs)."""
+    _, metrics = BradleyTerryLoss()(scores[:, 0], scores[:, 1])
+    names = {"loss": "val/rm_loss", "accuracy": "rm/accuracy", "margin": "rm/margin"}
+    return {names.get(k, f"rm/{k}"): float(v) for k, v in metrics.items()}
+
+
+class RewardModelTrainer:
+    """Trains the reward-model group (RewardModelWorker with a loss) for `total_steps` batches of pairs."""
+
+    def __init__(
+        self,
+        rm,  # WorkerGroup of RewardModelWorker built with a `loss`
+        data: PreferenceDataset,
+        batch_size: PositiveInt = 64,  # pairs per optimizer step, over all data-parallel workers (a multiple of them)
+        total_steps: PositiveInt = 500,
+        val_data: PreferenceDataset | None = None,  # held-out pairs for rm/accuracy, rm/margin, ...; None: none
+        val_batch_size: PositiveInt = 64,  # pairs per scoring call of the validation
+        test_freq: NonNegativeInt = 0,  # validate every k steps (0: only at the end); always at the end
+        val_before_train: bool = False,  # also validate the initial model (logged at step 0)
+        bucketed: bool = True,  # batches of pairs of similar lengths (less padding); False: random
+        # the reward mean and std stored with the model are over this many training pairs (both sides), in order;
+        # None: all of them
+        stats_pairs: PositiveInt | None = 2048,
+        save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
+        keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        seed: NonNegativeInt = 0,
+    ):
+        if batch_size % rm.world_size:
+            raise ValueError(f"RewardModelTrainer: batch_size={batch_size} pairs do not split evenly over "
+                             f"{rm.world_size} reward-model workers (each takes whole pairs); use a multiple of "
+                             f"{rm.world_size}")
+        self.rm = rm
+        self.data = data
+        self.batch_size = batch_size
+        self.total_steps = total_steps
+        self.val_data = val_data
+        self.val_batch_size = val_batch_size
+        self.test_freq = test_freq
+        self.val_before_train = val_before_train
+        self.bucketed = bucketed
+        self.stats_pairs = stats_pairs
+        self.save_freq = save_freq
+        self.keep_checkpoints = keep_checkpoints
+        self.seed = seed
+        self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
+
+    def run(self, ctx: StageContext) -> dict:
+        checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
+        checkpoints.remove_partial()  # what a kill during a save left behind
+        start = self.restore(checkpoints, ctx) if ctx.resume else 0
+        fingerprints = {"train": self.data.fingerprint}
+        if self.val_data is not None:
+            fingerprints["val"] = self.val_data.fingerprint
+        ctx.record({"data": fingerprints})
+        if self.val_before_train and start == 0 and self.val_data is not None:
+            ctx.log(self.validate(), 0)
+        batches = self.data.shuffled(self.batch_size, self.seed, start_step=start, bucketed=self.bucketed)
+        bar = tqdm(range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
+                   desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
+        metrics = self._metrics  # a run resumed at its last step reports that step's metrics
+        for step in bar:
+            metrics = self.step(next(batches))
+            if self.val_data is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
+                metrics.update(self.validate())
+            ctx.log(metrics, step)
+            self._metrics = metrics
+            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
+                self.save(checkpoints, step)
+            bar.set_postfix(loss=f"{metrics['rm/loss']:.3f}", refresh=False)
+        mean, std = self.reward_stats()
+        self.rm.set_reward_stats(mean, std)
+        checkpoint = self.rm.save(str(ctx.out_dir / "final"))[0]
+        return {"checkpoint": checkpoint, "metrics": metrics, "reward_mean": mean, "reward_std": std}
+
+    def step(self, batch: Batch) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = mean_over_ranks(self.rm.update(batch))
+        metrics["timing_s/step"] = time.perf_counter() - start
+        metrics["perf/total_num_tokens"] = float(batch["attention_mask"].sum())
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """The held-out metrics over every pair of `val_data` (`heldout_metrics`)."""
+        return heldout_metrics(pair_scores(self.rm, self.val_data, self.val_batch_size))
+
+    def reward_stats(self) -> tuple[float, float]:
+        """(mean, std) of the trained model's raw scores over both sides of the first `stats_pairs` training pairs."""
+        scores = pair_scores(self.rm, self.data, self.val_batch_size, self.stats_pairs).reshape(-1)
+        std = float(scores.std()) if scores.numel() > 1 else 1.0
+        return float(scores.mean()), std if std > 0 else 1.0
+
+    # -------------------------------------------------------- checkpoints
+    def save(self, checkpoints: CheckpointManager, step: int) -> Path:
+        if not all(self.rm.weights_finite()):
+            raise FloatingPointError(
+                f"the reward model's weights are not finite at step {step}; refusing to write a checkpoint. "
+                f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
+            )
+        return checkpoints.save(step, lambda folder: self.rm.save_state(str(folder / "rm")), {"metrics": self._metrics})
+
+    def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
+        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
+        recorded in the run as `resume.skipped`); returns the step to continue after."""
+        folder, state, skipped = checkpoints.resume(lambda f: self.rm.load_state(str(f / "rm")))
+        if folder is not None or skipped:
+            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
+        self._metrics = dict(state.get("metrics") or {})
+        return int(state["step"])
