@@ -78,6 +78,23 @@ def model_path(model: str) -> str:
     return str(import_model("smollm2-135m-instruct"))
 
 
+def reward_model_path(path: str) -> str:
+    """`path` with a one-label score head (a copy beside it, made once): the reward-model worker refuses a language
+    model whose head would be initialised at random; the head's memory is what the plan counts."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = path.rstrip("/") + "-score-head"
+    if not os.path.exists(os.path.join(out, "config.json")):
+        torch.manual_seed(0)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        model = AutoModelForSequenceClassification.from_pretrained(path, num_labels=1,
+                                                                   pad_token_id=tokenizer.pad_token_id)
+        model.save_pretrained(out)
+        tokenizer.save_pretrained(out)
+    return out
+
+
 def worker_arguments(point: dict) -> dict[str, dict]:
     """The workers' keyword arguments at a point (the same dict the prediction reads)."""
     import fiddle as fdl
@@ -96,7 +113,8 @@ def worker_arguments(point: dict) -> dict[str, dict]:
                   objective=PolicyObjective(policy_loss=PPOClipLoss(), kl_loss=KLLoss(estimator=kl_k3, coef=0.1)))
     del fdl
     return {"policy": policy, "critic": dict(model_path=path, training=training),
-            "reward_model": dict(model_path=path, training=training, max_length=PROMPT_TOKENS + RESPONSE_TOKENS)}
+            "reward_model": dict(model_path=reward_model_path(path), training=training,
+                                 max_length=PROMPT_TOKENS + RESPONSE_TOKENS)}
 
 
 def predictions(point: dict) -> dict[str, dict[str, float]]:
