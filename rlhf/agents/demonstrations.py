@@ -27,6 +27,9 @@ def tool_demonstrations(
     tools: Sequence[Callable[..., Any] | Tool],
     parser: ToolCallParser,
     system_prompt: str | None = None,  # the environment's (ToolEnvironment(system_prompt=...)), so SFT sees its prompts
+    # OpenAI function schemas put in each row as `tools` (the chat template renders them, as for an agent's request
+    # with `tools=`: give an agent program's own list); None: the row has none
+    tool_schemas: Sequence[Mapping] | None = None,
 ) -> list[dict]:
     """One `messages` row per prompt row: prompt, assistant calls, tool results, the ground truth as the answer."""
     by_name = as_tools(tools)
@@ -44,5 +47,6 @@ def tool_demonstrations(
         messages.append({"role": "assistant", "content": parser.format(wanted)})
         messages += [{"role": "tool", "name": r.name, "content": r.content} for r in results]
         messages.append({"role": "assistant", "content": str(row["reward_model"]["ground_truth"])})
-        out.append({"data_source": row.get("data_source"), "messages": messages})
+        out.append({"data_source": row.get("data_source"), "messages": messages,
+                    **({"tools": [dict(t) for t in tool_schemas]} if tool_schemas else {})})
     return out
