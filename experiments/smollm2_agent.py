@@ -9,12 +9,11 @@ with the reward the agent returns. Three-digit products ("What is 482*937?") are
 arithmetic, but a call `multiply(482, 937)` only copies digits, and the answer only copies the tool's
 result. Stages:
 
-1. `untuned`: greedy held-out accuracy of the agent on the imported model (the base accuracy);
-2. `sft`: a short warm start on demonstrations of the agent's own tool use, rendered with its tools
-   (the untuned model never writes a call: GRPO alone would have no signal); its evaluation is the warm
-   start's accuracy;
-3. `grpo`: GRPO on the agent's attempts (tasks x 4 attempts form each group), the held-out accuracy of
-   the agent run greedily through the same loop at the end.
+1. `sft`: a short warm start on demonstrations of the agent's own tool use, rendered with its tools
+   (the untuned model never writes a call: GRPO alone would have no signal). Its evaluator runs before
+   (the untuned model's accuracy: the base accuracy) and after it (the warm start's);
+2. `grpo`: GRPO on the agent's attempts (each task's 4 attempts form its group), with the held-out
+   accuracy of the agent, run greedily through the same loop, every 2 steps and at the end.
 
 SmolLM2's chat template ignores `tools`, so the recipe renders them with `TOOLS_TEMPLATE`: SmolLM2's
 ChatML plus a system paragraph listing the functions and asking for a Python-style call
@@ -52,7 +51,7 @@ from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import StageOutput
 from rlhf.tracking.aim_tracker import AimTracker
-from rlhf.trainers.evaluate import EvalStage, Evaluator
+from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.records import RolloutRecorder
 from rlhf.trainers.rl import RLTrainer
 from rlhf.trainers.sft import SFTTrainer
@@ -184,6 +183,7 @@ def base() -> fdl.Config[Experiment]:
         bucketed=False,
         total_steps=1,  # a partial warm start: GRPO's own gain is what this recipe shows
         evaluator=heldout(tokenizer, reward),
+        val_before_train=True,  # the untuned model's accuracy
     )
     warm = fdl.Config(StageOutput, stage="sft")
     rl_tokenizer = fdl.Config(agent_tokenizer, warm)
@@ -207,12 +207,12 @@ def base() -> fdl.Config[Experiment]:
         total_steps=6,
         records=fdl.Partial(RolloutRecorder, sample_rate=1.0),
         evaluator=heldout(rl_tokenizer, reward),
+        test_freq=2,
     )
-    untuned = fdl.Config(EvalStage, policy=policy_group(model_path=model), evaluator=heldout(tokenizer, reward))
     return fdl.Config(
         Experiment,
         name=NAME,
-        stages={"untuned": untuned, "sft": sft, "grpo": grpo},
+        stages={"sft": sft, "grpo": grpo},
         runtime=fdl.Config(RayRuntime),
         tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
     )
@@ -226,11 +226,7 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     grpo.total_steps = 1
     grpo.prompts_per_step = 2
     grpo.sampling.n = 2
-
-
-def no_untuned(cfg: fdl.Config[Experiment]) -> None:
-    """Skip the untuned model's evaluation (its accuracy does not change between runs)."""
-    del cfg.stages["untuned"]
+    grpo.test_freq = 0
 
 
 if __name__ == "__main__":

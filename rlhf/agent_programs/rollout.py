@@ -17,8 +17,9 @@ reward 0 (so `rlhf rollouts show` shows what the model said before it failed), i
 (`agent/errors/*`, `agent/timeouts`) and named in one warning line, and the step goes on.
 
 Rows: one per trajectory. A conversation that forks (the agent sends messages that do not extend the
-session's conversation: an edited history, a restart, a second independent question) becomes several
-trajectories in the gateway; each is its own row, every one with the attempt's reward and the task's
+session's last trajectory: an edited history, a restart, a second independent question, or a return
+to an earlier conversation after one) becomes several trajectories in the gateway (rlhf.serve.gateway:
+what a new one re-renders of earlier replies is prompt, not trained); each is its own row, every one with the attempt's reward and the task's
 uid (the GRPO group), so a forked attempt counts once per trajectory in its group's baseline (as rLLM
 trains every step of an episode with the episode's reward). An attempt that never called the model is
 one row with an empty response (nothing to train; its reward still joins its group). Evaluation
@@ -84,7 +85,7 @@ class AgentProgramRollout:
         attempt_timeout_s: float = 300.0,  # an attempt still running after this fails (agent/timeouts)
         max_prompt_length: PositiveInt = 1024,  # tokens of a conversation's first prompt ...
         max_response_tokens: PositiveInt = 1024,  # ... and trained tokens after it; a request past both gets 400
-        batch_wait_ms: float = 200.0,  # a batch waits at most this for attempts busy elsewhere (none asking: at once)
+        batch_wait_ms: float = 1000.0,  # a batch waits at most this for attempts busy elsewhere (all asking: at once)
         transport: Transport = "in_process",  # the client's way to the gateway: an ASGI call, or loopback HTTP
         eos_token_ids: Sequence[int] | None = None,  # where the engine stops a turn; None: the tokenizer's EOS
     ):
@@ -168,15 +169,17 @@ class AgentProgramRollout:
         future, cancel = run_in_thread(in_its_thread)
         try:
             returned = await asyncio.wait_for(asyncio.wrap_future(future), self.attempt_timeout_s)
-        except TimeoutError:
+        except BaseException as err:  # noqa: BLE001 - sorted below: the agent's own failure, or not
+            if future.done() and not future.cancelled() and future.exception() is err:
+                # the agent raised (SystemExit included): that attempt fails, the step goes on
+                a.error, a.error_kind = _one_line(err), type(err).__name__
+                return
+            if isinstance(err, TimeoutError) and (future.cancelled() or not future.done()):  # wait_for's own
+                cancel()
+                a.error, a.error_kind = f"no result within {self.attempt_timeout_s:g} s", "timeout"
+                return
             cancel()
-            a.error, a.error_kind = f"no result within {self.attempt_timeout_s:g} s", "timeout"
-            return
-        except BaseException as err:  # noqa: BLE001 - the agent's own failure (SystemExit included) ends its attempt only
-            if isinstance(err, asyncio.CancelledError) and not future.cancelled() and not future.done():
-                raise  # the rollout itself is being cancelled
-            a.error, a.error_kind = _one_line(err), type(err).__name__
-            return
+            raise  # Ctrl-C, or the rollout itself cancelled: not this attempt's doing
         try:
             a.outcome = outcome(returned)
         except ValueError as err:
