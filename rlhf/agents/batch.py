@@ -16,6 +16,7 @@ holes), and old and reference log-probs are recomputed over the whole sequence.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -39,12 +40,24 @@ def trajectory_batch(
     trajectories: Sequence[Trajectory],
     rows: Batch,  # one row per trajectory, in order: its non-tensor columns are kept
     pad_token_id: int,
-    temperature: float,  # the temperature the log-probs were computed at (SamplingParams.logit_temperature)
+    temperature: float | None,  # the log-probs' temperature (SamplingParams.logit_temperature); None: the recorded one
     max_new_tokens: int,  # the response budget (read by overlong shaping and seq_mean_token_sum_norm)
+    max_model_len: int | None = None,  # the policy's context: a longer trajectory (prompt + response) is refused
 ) -> Batch:
-    """The rollout Batch of `trajectories` (see the module docstring for its columns)."""
+    """The rollout Batch of `trajectories` (see the module docstring for its columns).
+
+    Temperatures are per turn (`Trajectory.temperatures`, recorded by the agent loop and the gateway),
+    but a batch's log-probs are recomputed at one. `temperature=None` takes the one every recorded
+    turn shares (a ValueError names the turns when they differ); a turn recorded at another
+    temperature than the batch's is kept out of the loss (its mask 0: its log-probs belong to
+    another distribution), counted in `extra_info["agent"]["off_temperature_turns"]`.
+    """
     if len(trajectories) != len(rows):
         raise ValueError(f"trajectory_batch: {len(trajectories)} trajectories for {len(rows)} rows")
+    _check_lengths(trajectories, max_model_len)
+    temperature = _batch_temperature(trajectories, temperature)
+    masks, off = zip(*(_mask_at(t, temperature) for t in trajectories)) if trajectories else ((), ())
+
     def left(rows: list, pad: int) -> torch.Tensor:
         return pad_rows(rows, pad, "left", min_width=1)
 
@@ -56,15 +69,59 @@ def trajectory_batch(
         out, prompt_ids=left([t.prompt_ids for t in trajectories], pad_token_id),
         prompt_mask=left([[1] * len(t.prompt_ids) for t in trajectories], 0),
         responses=right([t.response_ids for t in trajectories], pad_token_id),
-        response_mask=right([t.loss_mask for t in trajectories], 0),
+        response_mask=right(list(masks), 0),
         response_attention=right([[1] * len(t.response_ids) for t in trajectories], 0),
         log_probs=right([t.log_probs for t in trajectories], 0.0, torch.float32),
         temperature=temperature, max_new_tokens=max_new_tokens,
     )
     extra = rows["extra_info"] if "extra_info" in rows else [{}] * len(rows)
-    out["extra_info"] = [{**(e or {}), "agent": agent_info(t)} for e, t in zip(extra, trajectories)]
+    out["extra_info"] = [{**(e or {}), "agent": {**agent_info(t), **({"off_temperature_turns": k} if k else {})}}
+                         for e, t, k in zip(extra, trajectories, off)]
     out["response_text"] = [t.final_text for t in trajectories]
     return out
+
+
+def _check_lengths(trajectories: Sequence[Trajectory], max_model_len: int | None) -> None:
+    """Refuse a trajectory longer than the context or than its own response budget (a corrupt record)."""
+    for i, t in enumerate(trajectories):
+        if max_model_len is not None and len(t.all_ids) > max_model_len:
+            raise ValueError(
+                f"trajectory_batch: trajectory {i} has {len(t.prompt_ids)} prompt + {len(t.response_ids)} response "
+                f"tokens, over the context of {max_model_len}: the policy never saw such a sequence (drop it, or "
+                "record it from a server whose context matches the policy's)")
+        if len(t.response_ids) > t.max_response_tokens:
+            raise ValueError(
+                f"trajectory_batch: trajectory {i} has {len(t.response_ids)} response tokens, over its own "
+                f"max_response_tokens={t.max_response_tokens}: the record is not one the builder wrote")
+
+
+def _batch_temperature(trajectories: Sequence[Trajectory], temperature: float | None) -> float:
+    if temperature is not None:
+        return float(temperature)
+    recorded = sorted({x for t in trajectories for x in t.temperatures})
+    if len(recorded) == 1:
+        return recorded[0]
+    if not recorded:
+        raise ValueError("trajectory_batch: the trajectories record no temperature; pass the one their log-probs "
+                         "were computed at (temperature=...)")
+    where = {x: next(f"trajectory {i} turn {k + 1}" for i, t in enumerate(trajectories)
+                     for k, y in enumerate(t.temperatures) if y == x) for x in recorded}
+    raise ValueError(
+        f"trajectory_batch: the turns were sampled at several temperatures ({', '.join(f'{x:g} ({w})' for x, w in where.items())}) "
+        "but a batch's log-probs are recomputed at one: pass temperature=... (turns recorded at another are kept "
+        "out of the loss), or build one batch per temperature")
+
+
+def _mask_at(t: Trajectory, temperature: float) -> tuple[list[int], int]:
+    """The trajectory's loss mask with the turns recorded at another temperature zeroed, and how many those are."""
+    off = [k for k, x in enumerate(t.temperatures[: len(t.turns)]) if not math.isclose(x, temperature)]
+    if not off:
+        return t.loss_mask, 0
+    mask = list(t.loss_mask)
+    for k in off:
+        start, end = t.turns[k]
+        mask[start:end] = [0] * (end - start)
+    return mask, len(off)
 
 
 def response_spans(tokenizer, response_ids: Sequence[int], loss_mask: Sequence[int]) -> list[tuple[str, int]]:

@@ -16,6 +16,8 @@ The reward is the environment's (`StepResult.reward`, summed over steps) or the 
 manager's: a trajectory's environment reward reaches the reward manager as
 `extra_info["agent"]["reward"]`, which the scorer `environment_reward` returns, so a data
 source scored by it takes the environment's reward and any other scorer reads the final answer.
+A conversation the environment never rewarded (cut before it reached `step()`) scores
+`environment_reward`'s default, 0, and is counted in `agent/no_reward`.
 """
 
 from __future__ import annotations
@@ -62,16 +64,28 @@ class Environment(Protocol):
 EnvironmentFactory = Callable[[], Environment]  # a class or fdl.Partial: one call per rollout
 
 
-def environment_reward(solution_str: str, ground_truth: Any, extra_info: Mapping | None = None) -> float:
-    """The scorer of a data source whose reward the environment gives (RewardManager(scorers={src: environment_reward}))."""
-    agent = (extra_info or {}).get("agent") or {}
-    if agent.get("reward") is None:
+NO_REWARD = 0.0  # what `environment_reward` gives a conversation its environment never rewarded
+
+
+def environment_reward(
+    solution_str: str, ground_truth: Any, extra_info: Mapping | None = None, default: float = NO_REWARD
+) -> float:
+    """The scorer of a data source whose reward the environment gives (RewardManager(scorers={src: environment_reward})).
+
+    A conversation the environment never rewarded scores `default` (0): one whose first turn was cut
+    by `max_new_tokens` never reaches `step()`, whatever the environment does, and neither does one
+    that ran out of turns before the rewarding step. `agent/no_reward` counts them. Another default:
+    `functools.partial(environment_reward, default=-1.0)` (`fdl.Partial` in a graph).
+    """
+    agent = (extra_info or {}).get("agent")
+    if agent is None:
         raise ValueError(
-            "environment_reward: this rollout carries no environment reward (extra_info['agent']['reward'] is "
-            "missing). It scores multi-turn rollouts whose environment returns StepResult(reward=...); give the "
-            "environment a `reward` scorer, or score this data source with an answer scorer instead."
+            "environment_reward: this rollout is not a multi-turn one (extra_info['agent'] is missing). It "
+            "scores the rollouts of AgentRollout, whose environment returns StepResult(reward=...); score this "
+            "data source with an answer scorer instead."
         )
-    return float(agent["reward"])
+    reward = agent.get("reward")
+    return float(default if reward is None else reward)
 
 
 class ToolEnvironment:

@@ -87,6 +87,7 @@ class AgentRollout:
         self.max_concurrent_steps = max_concurrent_steps
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.mask_truncated = mask_truncated
+        self._warned_tools = False  # the template-ignores-tools warning is given once per rollout producer
 
     # ------------------------------------------------------------ producer
     def __call__(self, policy, prompts: Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
@@ -170,6 +171,7 @@ class AgentRollout:
             if error is None:
                 try:
                     trajectory = Trajectory.start(renderer, messages, self.max_response_tokens)
+                    self._warn_if_tools_ignored(renderer, messages)
                 except Exception as err:  # a template that cannot render the environment's messages
                     error = f"reset: {_one_line(err)}"
             if trajectory is not None and len(trajectory.prompt_ids) > self.max_prompt_length:
@@ -184,6 +186,17 @@ class AgentRollout:
             renderers.append(renderer)
         return trajectories, renderers
 
+    def _warn_if_tools_ignored(self, renderer: ChatRenderer, messages: list) -> None:
+        """One warning when the environment offers tool schemas that the chat template never writes (the case
+        `rlhf serve` refuses with a 400): the policy sees no tools unless the prompt describes them."""
+        if self._warned_tools or not renderer.ignores_tools(messages):
+            return
+        self._warned_tools = True
+        names = ", ".join(str((t.get("function") or t).get("name", "?")) for t in renderer.tools)
+        log.warning("the chat template ignores `tools` (%s): the policy never sees their schemas. Describe them in "
+                    "a system prompt (ToolEnvironment(system_prompt=...)), teach them by SFT, or set a "
+                    "tokenizer.chat_template that renders tools", names)
+
     def _generate_turn(
         self, generate: Generate, live: list[Trajectory], renderers: list[ChatRenderer], sampling: SamplingParams
     ) -> None:
@@ -194,7 +207,8 @@ class AgentRollout:
         lengths = out["response_mask"].sum(dim=1).tolist()
         for row, (t, renderer) in enumerate(zip(live, renderers)):
             n = int(lengths[row])
-            t.add_sampled(renderer, out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist())
+            t.add_sampled(renderer, out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist(),
+                          temperature=turn.logit_temperature)
             if not t.turn_stopped:  # cut by max_new_tokens before its end-of-turn token: nothing can follow
                 t.finish("length")
 
@@ -408,7 +422,8 @@ def _run(coroutine):
 
 
 def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
-    """`num_turns/*`, `tool_calls/*`, `tool_errors/*`, `response_length/turn_<k>/mean`, `agent/*` of one rollout."""
+    """`num_turns/*`, `tool_calls/*`, `tool_errors/*`, `response_length/turn_<k>/mean`, `agent/*`, `info/*` of
+    one rollout."""
     n = max(len(trajectories), 1)
     turns = [len(t.turns) for t in trajectories]
     calls = [t.info.get("tool_calls", 0) + t.info.get("tool_errors/parse", 0) for t in trajectories]
@@ -439,6 +454,26 @@ def agent_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
     for k, lengths in sorted(per_turn.items()):
         metrics[f"response_length/turn_{k}/mean"] = sum(lengths) / len(lengths)
     rewards = [t.reward for t in trajectories if t.reward is not None]
+    metrics["agent/no_reward"] = float(len(trajectories) - len(rewards))
     if rewards:
         metrics["agent/env_reward/mean"] = sum(rewards) / len(rewards)
+    metrics.update(info_metrics(trajectories))
     return metrics
+
+
+BUILT_IN_INFO = ("tool_calls", "tool_errors/", "env_error")  # info keys agent_metrics reports under their own names
+
+
+def info_metrics(trajectories: Sequence[Trajectory]) -> dict[str, float]:
+    """`info/<key>/{mean,total}` of every other numeric `info` counter (an environment's `StepResult.info`,
+    the gateway's flags), the mean over all conversations (0 where one has none)."""
+    totals: dict[str, float] = defaultdict(float)
+    for t in trajectories:
+        for key, value in t.info.items():
+            if not key.startswith(BUILT_IN_INFO) and isinstance(value, (int, float)) and not isinstance(value, bool):
+                totals[key] += value
+    n = max(len(trajectories), 1)
+    out = {}
+    for key, total in sorted(totals.items()):
+        out[f"info/{key}/mean"], out[f"info/{key}/total"] = total / n, total
+    return out

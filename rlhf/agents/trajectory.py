@@ -27,6 +27,7 @@ whatever would pass it is cut, and the trajectory ends there (`finish_reason` "m
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -62,6 +63,14 @@ class ChatRenderer:
         return self.tokenizer.apply_chat_template(
             [dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=False, **kwargs
         )
+
+    def ignores_tools(self, messages: Sequence[Mapping]) -> bool:
+        """Whether the template renders `messages` the same with this renderer's tools as without them (many
+        small models' templates never write `tools`: the model would not know they exist)."""
+        if not self.tools:
+            return False
+        plain = ChatRenderer(self.tokenizer, eos_token_ids=list(self.eos_token_ids))
+        return self.text(messages, generation_prompt=True) == plain.text(messages, generation_prompt=True)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer(text, add_special_tokens=False)["input_ids"] if text else []
@@ -123,6 +132,9 @@ class Trajectory:
     template_fallbacks: int = 0
     turn_stopped: bool = True  # the last assistant turn ended on an end-of-turn token
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # counters (tool calls, errors by kind)
+    temperatures: list[float] = dataclasses.field(default_factory=list)  # each turn's log-prob temperature, if known
+    prompt_ends_turn: bool = False  # the prompt ends with a sampled assistant turn (a gateway fork): the next
+    #                                 observation starts with what the template writes after that turn
 
     @classmethod
     def start(cls, renderer: ChatRenderer, messages: Sequence[Mapping], max_response_tokens: int) -> Trajectory:
@@ -157,12 +169,15 @@ class Trajectory:
         if self.finish_reason is None:
             self.finish_reason = reason
 
-    def add_sampled(self, renderer: ChatRenderer, ids: Sequence[int], log_probs: Sequence[float]) -> str:
+    def add_sampled(self, renderer: ChatRenderer, ids: Sequence[int], log_probs: Sequence[float],
+                    temperature: float | None = None) -> str:
         """Append one assistant turn's engine tokens verbatim (cut to the budget); returns its text.
 
         The turn's message in the history is its decoded text without the end-of-turn token. A
         turn cut by the token budget ends the trajectory ("max_tokens"); whether a turn that did not
         end on an end-of-turn token ends it is the caller's choice (the agent loop: "length").
+        `temperature`: the one its log-probs were computed at (`SamplingParams.logit_temperature`),
+        recorded per turn for `trajectory_batch`.
         """
         if len(ids) != len(log_probs):
             raise ValueError(f"add_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
@@ -177,15 +192,26 @@ class Trajectory:
         self.log_probs += log_probs
         self.turns.append((start, len(self.response_ids)))
         self.turn_stopped = stopped
+        if temperature is not None:
+            self.temperatures.append(float(temperature))
         text = renderer.decode(ids[:-1] if stopped else ids)
         self.messages.append({"role": "assistant", "content": text})
         return text
+
+    def add_turn_text(self, renderer: ChatRenderer, text: str) -> None:
+        """Append `text` to the last assistant turn as context (mask 0): text the client received that the
+        engine did not sample as such (the gateway: the part of a token cut by a stop string)."""
+        ids = renderer.encode(text)[: max(self.room, 0)]
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.log_probs += [0.0] * len(ids)
+        self.messages[-1] = {**self.messages[-1], "content": self.messages[-1].get("content", "") + text}
 
     def add_messages(self, renderer: ChatRenderer, new: Sequence[Mapping]) -> None:
         """Append observation messages: the template's separator after the last turn and their render (mask 0)."""
         new = [dict(m) for m in new]
         separator = ""
-        if self.messages and self.messages[-1].get("role") == "assistant" and self.turns:
+        if self.messages and self.messages[-1].get("role") == "assistant" and (self.turns or self.prompt_ends_turn):
             separator = renderer.turn_end(self.messages, stopped=self.turn_stopped)
         delta, fell_back = renderer.observation_text(self.messages, new)
         self.template_fallbacks += fell_back
@@ -208,21 +234,43 @@ class Trajectory:
             "prompt_ids": self.prompt_ids, "response_ids": self.response_ids, "loss_mask": self.loss_mask,
             "log_probs": self.log_probs, "messages": self.messages, "turns": [list(t) for t in self.turns],
             "finish_reason": self.finish_reason, "rewards": self.rewards, "info": self.info,
-            "max_response_tokens": self.max_response_tokens,
+            "max_response_tokens": self.max_response_tokens, "temperatures": self.temperatures,
         }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Trajectory:
-        """The inverse of `to_dict`; lengths are checked (a record whose mask or log-probs do not line up
-        with its ids would train the wrong tokens)."""
+        """The inverse of `to_dict`; lengths and values are checked (a record whose mask or log-probs do not
+        line up with its ids would train the wrong tokens; a null or non-finite reward has no meaning)."""
         n = len(data["response_ids"])
         if len(data["loss_mask"]) != n or len(data["log_probs"]) != n:
             raise ValueError(f"trajectory record: {n} response ids but {len(data['loss_mask'])} mask values and "
                              f"{len(data['log_probs'])} log-probs")
         return cls(
-            prompt_ids=list(data["prompt_ids"]), messages=[dict(m) for m in data["messages"]],
-            max_response_tokens=int(data.get("max_response_tokens", n)), response_ids=list(data["response_ids"]),
-            loss_mask=[int(m) for m in data["loss_mask"]], log_probs=[float(x) for x in data["log_probs"]],
+            prompt_ids=_ids(data, "prompt_ids"), messages=[dict(m) for m in data["messages"]],
+            max_response_tokens=int(data.get("max_response_tokens", n)), response_ids=_ids(data, "response_ids"),
+            loss_mask=[int(m) for m in _numbers(data, "loss_mask")], log_probs=_numbers(data, "log_probs"),
             turns=[tuple(t) for t in data.get("turns", [])], finish_reason=data.get("finish_reason"),
-            rewards=[float(r) for r in data.get("rewards", [])], info=dict(data.get("info", {})),
+            rewards=_numbers(data, "rewards"), info=dict(data.get("info", {})),
+            temperatures=_numbers(data, "temperatures"),
         )
+
+
+def _numbers(data: Mapping[str, Any], key: str) -> list[float]:
+    """`data[key]` (absent: empty) as finite floats, or a ValueError naming the field and the first bad value."""
+    out = []
+    for i, value in enumerate(data.get(key) or []):
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if number is None or not math.isfinite(number):
+            raise ValueError(f"trajectory record: {key}[{i}] is {value!r}, not a finite number (JSON has no NaN or "
+                             "Infinity: a record holding null there was written from one; drop that value or the "
+                             "record)")
+        out.append(float(number))
+    return out
+
+
+def _ids(data: Mapping[str, Any], key: str) -> list[int]:
+    ids = list(data[key])
+    bad = next((i for i, v in enumerate(ids) if not isinstance(v, int) or isinstance(v, bool) or v < 0), None)
+    if bad is not None:
+        raise ValueError(f"trajectory record: {key}[{bad}] is {ids[bad]!r}, not a token id")
+    return ids

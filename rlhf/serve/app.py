@@ -20,10 +20,11 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -35,7 +36,7 @@ from rlhf.agents.trajectory import ChatRenderer
 from rlhf.data.tokenize import chat_prompt_ids
 from rlhf.rollout.engine import RolloutEngine
 from rlhf.serve.completion import Completion
-from rlhf.serve.gateway import SessionStore
+from rlhf.serve.gateway import PlannedTurn, Session, SessionStore
 from rlhf.serve.protocol import ApiError, ChatCompletionRequest, CompletionRequest, parse_request
 from rlhf.serve.scheduler import BatchScheduler, Job, Overloaded, QueueFull, ShuttingDown
 from rlhf.serve.tool_calls import AssistantMessage, assistant_message, check_template_renders_tools, request_tools
@@ -67,29 +68,172 @@ def build_app(
     tool_parser: ToolCallParser | None = None,  # serves `tools=`: reads the model's calls (rlhf.serve.tool_calls)
 ) -> FastAPI:
     """An app serving `engine` as model `model_name` (requests may also name one of `model_aliases`)."""
-    scheduler = BatchScheduler(
-        engine,
-        max_batch_size=limits.max_batch_size,
-        batch_wait_s=limits.batch_wait_ms / 1000,
-        max_queue=limits.max_queue,
-        queue_timeout_s=limits.queue_timeout_s,
-    )
-    tokenizer = engine.tokenizer
-    names = {model_name, *model_aliases}
-    created = int(time.time())
+    server = _Server(engine, model_name, limits, api_key, model_aliases, tool_parser)
+    app = FastAPI(title="rlhf serve", lifespan=server.lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.scheduler = server.scheduler
+    app.state.on_shutdown = server.on_shutdown  # callables run once the scheduler has stopped (`rlhf serve`'s log)
+    _error_handlers(app)
+    _openai_routes(app, server)
+    if sessions is not None:
+        _session_routes(app, server, sessions)
+    return app
+
+
+class _Server:
+    """What the routes share: the engine behind its scheduler, the limits, and the checks every request passes."""
+
+    def __init__(self, engine: RolloutEngine, model_name: str, limits: ServeLimits, api_key: str | None,
+                 model_aliases: Sequence[str], tool_parser: ToolCallParser | None):
+        self.engine, self.tokenizer, self.model_name = engine, engine.tokenizer, model_name
+        self.limits, self.api_key, self.tool_parser = limits, api_key, tool_parser
+        self.names = {model_name, *model_aliases}
+        self.created = int(time.time())
+        self.on_shutdown: list[Callable[[], None]] = []  # run once the scheduler has stopped
+        self.scheduler = BatchScheduler(
+            engine,
+            max_batch_size=limits.max_batch_size,
+            batch_wait_s=limits.batch_wait_ms / 1000,
+            max_queue=limits.max_queue,
+            queue_timeout_s=limits.queue_timeout_s,
+        )
 
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        scheduler.start()
+    async def lifespan(self, app: FastAPI):
+        self.scheduler.start()
         try:
             yield
         finally:
-            await scheduler.close()
+            await self.scheduler.close()
+            for callback in self.on_shutdown:
+                callback()
 
-    app = FastAPI(title="rlhf serve", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.scheduler = scheduler
+    # --------------------------------------------------------------- checks
+    def authorize(self, request: Request) -> None:
+        if self.api_key is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), self.api_key.encode()):
+            raise ApiError(
+                401,
+                "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
+                code="invalid_api_key",
+            )
 
-    # ------------------------------------------------------------------ errors
+    async def read_json(self, request: Request) -> object:
+        limit = self.limits.max_request_bytes
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            raise _too_large(limit)
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limit:
+                raise _too_large(limit)
+        try:
+            return json.loads(body)
+        except (ValueError, UnicodeDecodeError) as err:
+            raise ApiError(400, f"We could not parse the JSON body of your request ({err}).") from None
+
+    def check_model(self, name: str) -> None:
+        if name not in self.names:
+            raise ApiError(
+                404, f"The model `{name}` does not exist; this server serves `{self.model_name}`.", param="model",
+                code="model_not_found",
+            )
+
+    def max_tokens(self, requested: int | None, prompts: list[list[int]], default: int, param: str,
+                   prompt_param: str) -> int:
+        """The request's max_tokens (or `default`), checked against the limit and the context length."""
+        context, limit = self.engine.max_model_len, self.limits.max_tokens_limit
+        room = context - max(len(p) for p in prompts)
+        if room < 1:
+            raise ApiError(
+                400, f"This model's maximum context length is {context} tokens; the prompt has "
+                f"{context - room}.", param=prompt_param, code="context_length_exceeded",
+            )
+        if requested is None:
+            return min(default, room)
+        if requested > limit:
+            raise ApiError(
+                400, f"{param}={requested} is above this server's limit of {limit}.",
+                param=param, code="max_tokens_too_large",
+            )
+        if requested > room:
+            raise ApiError(
+                400, f"This model's maximum context length is {context} tokens: the prompt "
+                f"({context - room}) plus {param} ({requested}) exceeds it.",
+                param=param, code="context_length_exceeded",
+            )
+        return requested
+
+    async def run(self, job: Job) -> list[Completion]:
+        if job.rows > self.limits.max_batch_size:
+            raise ApiError(
+                400, f"n x prompts = {job.rows} exceeds this server's batch size ({self.limits.max_batch_size}).",
+                param="n",
+            )
+        try:
+            return await self.scheduler.submit(job)
+        except QueueFull as err:
+            raise ApiError(429, f"Server queue is full: {err}. Retry later.", type="rate_limit_error",
+                           code="queue_full") from None
+        except ShuttingDown:
+            raise ApiError(503, "The server is shutting down.", type="server_error", code="shutting_down") from None
+        except Overloaded as err:
+            raise ApiError(503, f"The server is overloaded: {err}.", type="server_error", code="overloaded") from None
+        except Exception as err:  # the engine failed on this batch (logged by the scheduler)
+            raise ApiError(500, f"Generation failed: {type(err).__name__}: {err}", type="server_error") from None
+
+    # ------------------------------------------------------------- chat
+    def chat_prompt(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """The prompt ids of a stateless chat request; a template that cannot render it is a 400."""
+        try:
+            if tools:
+                renderer = ChatRenderer(self.tokenizer, tools=tools, eos_token_ids=self.engine.eos_token_ids)
+                check_template_renders_tools(renderer, messages)
+                return renderer.encode(renderer.text(messages, generation_prompt=True))
+            return chat_prompt_ids(self.tokenizer, messages)
+        except ApiError:
+            raise
+        except Exception as err:  # the model's chat template rejected the messages
+            raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
+
+    def chat_job(self, req: ChatCompletionRequest, prompt: list[int]) -> Job:
+        """The generation job of a chat request, its max_tokens checked against the limit and the context."""
+        requested = req.max_completion_tokens or req.max_tokens
+        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
+        limit = self.max_tokens(requested, [prompt], self.limits.max_tokens_limit, param, "messages")
+        return Job([prompt], max_tokens=limit, **_sampling(req))
+
+    def assistant_messages(self, req: ChatCompletionRequest, choices: list[Completion],
+                           tools: list[dict] | None) -> list[AssistantMessage]:
+        parallel = req.parallel_tool_calls is not False
+        return [assistant_message(c.text, self.tool_parser, tools, parallel) for c in choices]
+
+    def chat_reply(self, req: ChatCompletionRequest, prompt: list[int], choices: list[Completion],
+                   messages: list[AssistantMessage]):
+        reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", int(time.time()), self.model_name)
+        if req.stream:
+            usage = req.stream_options is not None and bool(req.stream_options.include_usage)
+            return _sse(reply.chat_chunks(choices, messages, bool(req.logprobs), len(prompt), usage, self.tokenizer))
+        return reply.chat(choices, messages, bool(req.logprobs), len(prompt), self.tokenizer)
+
+
+def _sampling(request: CompletionRequest | ChatCompletionRequest) -> dict:
+    """A request's sampling settings as `Job` fields."""
+    return {
+        "n": request.n,
+        "temperature": 1.0 if request.temperature is None else request.temperature,
+        "top_p": 1.0 if request.top_p is None else request.top_p,
+        "top_k": request.top_k or 0,
+        "stop": request.stop_strings(),
+        "seed": request.seed,
+    }
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every failure as an OpenAI error body with the status OpenAI would use."""
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, err: ApiError) -> JSONResponse:
         headers = {"Retry-After": "1"} if err.status in (429, 503) else None
@@ -110,120 +254,39 @@ def build_app(
         body = ApiError(500, f"Internal server error ({type(err).__name__}).", type="server_error").body()
         return JSONResponse(body, status_code=500)
 
-    # --------------------------------------------------------------- checks
-    def authorize(request: Request) -> None:
-        if api_key is None:
-            return
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not secrets.compare_digest(token.strip().encode(), api_key.encode()):
-            raise ApiError(
-                401,
-                "Incorrect or missing API key: send `Authorization: Bearer <key>`.",
-                code="invalid_api_key",
-            )
 
-    async def read_json(request: Request) -> object:
-        declared = request.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > limits.max_request_bytes:
-            raise _too_large(limits.max_request_bytes)
-        body = bytearray()
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limits.max_request_bytes:
-                raise _too_large(limits.max_request_bytes)
-        try:
-            return json.loads(body)
-        except (ValueError, UnicodeDecodeError) as err:
-            raise ApiError(400, f"We could not parse the JSON body of your request ({err}).") from None
-
-    def check_model(name: str) -> None:
-        if name not in names:
-            raise ApiError(
-                404, f"The model `{name}` does not exist; this server serves `{model_name}`.", param="model",
-                code="model_not_found",
-            )
-
-    def max_tokens(requested: int | None, prompts: list[list[int]], default: int, param: str, prompt_param: str) -> int:
-        """The request's max_tokens (or `default`), checked against the limit and the context length."""
-        room = engine.max_model_len - max(len(p) for p in prompts)
-        if room < 1:
-            raise ApiError(
-                400, f"This model's maximum context length is {engine.max_model_len} tokens; the prompt has "
-                f"{engine.max_model_len - room}.", param=prompt_param, code="context_length_exceeded",
-            )
-        if requested is None:
-            return min(default, room)
-        if requested > limits.max_tokens_limit:
-            raise ApiError(
-                400, f"{param}={requested} is above this server's limit of {limits.max_tokens_limit}.",
-                param=param, code="max_tokens_too_large",
-            )
-        if requested > room:
-            raise ApiError(
-                400, f"This model's maximum context length is {engine.max_model_len} tokens: the prompt "
-                f"({engine.max_model_len - room}) plus {param} ({requested}) exceeds it.",
-                param=param, code="context_length_exceeded",
-            )
-        return requested
-
-    async def run(job: Job) -> list[Completion]:
-        if job.rows > limits.max_batch_size:
-            raise ApiError(
-                400, f"n x prompts = {job.rows} exceeds this server's batch size ({limits.max_batch_size}).",
-                param="n",
-            )
-        try:
-            return await scheduler.submit(job)
-        except QueueFull as err:
-            raise ApiError(429, f"Server queue is full: {err}. Retry later.", type="rate_limit_error",
-                           code="queue_full") from None
-        except ShuttingDown:
-            raise ApiError(503, "The server is shutting down.", type="server_error", code="shutting_down") from None
-        except Overloaded as err:
-            raise ApiError(503, f"The server is overloaded: {err}.", type="server_error", code="overloaded") from None
-        except Exception as err:  # the engine failed on this batch (logged by the scheduler)
-            raise ApiError(500, f"Generation failed: {type(err).__name__}: {err}", type="server_error") from None
-
-    def sampling(request: CompletionRequest | ChatCompletionRequest) -> dict:
-        temperature = 1.0 if request.temperature is None else request.temperature
-        return {
-            "n": request.n,
-            "temperature": temperature,
-            "top_p": 1.0 if request.top_p is None else request.top_p,
-            "top_k": request.top_k or 0,
-            "stop": request.stop_strings(),
-            "seed": request.seed,
-        }
-
-    # ---------------------------------------------------------------- routes
-    v1 = [Depends(authorize)]
+def _openai_routes(app: FastAPI, server: _Server) -> None:
+    """`/health`, `/v1/models`, `/v1/completions`, `/v1/chat/completions`."""
+    v1 = [Depends(server.authorize)]
+    engine, tokenizer = server.engine, server.tokenizer
 
     @app.get("/health")
     async def health() -> dict:
+        scheduler = server.scheduler
         return {
             "status": "ok", "queued": scheduler.queued, "batches": scheduler.batches_run, "rows": scheduler.rows_run
         }
 
     @app.get("/v1/models", dependencies=v1)
     async def models() -> dict:
-        return {"object": "list", "data": [_model_card(model_name, created, engine.max_model_len)]}
+        return {"object": "list", "data": [_model_card(server.model_name, server.created, engine.max_model_len)]}
 
     @app.get("/v1/models/{name:path}", dependencies=v1)
     async def model(name: str) -> dict:
-        check_model(name)
-        return _model_card(model_name, created, engine.max_model_len)
+        server.check_model(name)
+        return _model_card(server.model_name, server.created, engine.max_model_len)
 
     @app.post("/v1/completions", dependencies=v1)
     async def completions(request: Request):
-        req = parse_request(CompletionRequest, await read_json(request))
-        check_model(req.model)
+        req = parse_request(CompletionRequest, await server.read_json(request))
+        server.check_model(req.model)
         prompts = _completion_prompts(req.prompt, tokenizer)
-        limit = max_tokens(req.max_tokens, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", "prompt")
-        choices = await run(Job(prompts, max_tokens=limit, **sampling(req)))
+        limit = server.max_tokens(req.max_tokens, prompts, COMPLETIONS_DEFAULT_MAX_TOKENS, "max_tokens", "prompt")
+        choices = await server.run(Job(prompts, max_tokens=limit, **_sampling(req)))
         echoes = [tokenizer.decode(p, skip_special_tokens=True) if req.echo else "" for p in prompts]
         echoes = [e for e in echoes for _ in range(req.n)]
         prompt_tokens = sum(len(p) for p in prompts)
-        reply = _Reply(f"cmpl-{uuid.uuid4().hex}", "text_completion", int(time.time()), model_name)
+        reply = _Reply(f"cmpl-{uuid.uuid4().hex}", "text_completion", int(time.time()), server.model_name)
         with_logprobs = req.logprobs is not None
         if req.stream:
             usage = req.stream_options is not None and bool(req.stream_options.include_usage)
@@ -232,73 +295,40 @@ def build_app(
 
     @app.post("/v1/chat/completions", dependencies=v1)
     async def chat_completions(request: Request):
-        req = parse_request(ChatCompletionRequest, await read_json(request))
-        check_model(req.model)
-        tools = request_tools(req, tool_parser)
-        messages = [m.template_dict() for m in req.messages]
-        try:
-            if tools:
-                renderer = ChatRenderer(tokenizer, tools=tools, eos_token_ids=engine.eos_token_ids)
-                check_template_renders_tools(renderer, messages)
-                prompt = renderer.encode(renderer.text(messages, generation_prompt=True))
-            else:
-                prompt = chat_prompt_ids(tokenizer, messages)
-        except ApiError:
-            raise
-        except Exception as err:  # the model's chat template rejected the messages
-            raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
-        return await chat_reply(req, prompt, await chat_choices(req, prompt), tools)
-
-    async def chat_choices(req: ChatCompletionRequest, prompt: list[int]) -> list[Completion]:
-        requested = req.max_completion_tokens or req.max_tokens
-        param = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
-        limit = max_tokens(requested, [prompt], limits.max_tokens_limit, param, "messages")
-        return await run(Job([prompt], max_tokens=limit, **sampling(req)))
-
-    async def chat_reply(req: ChatCompletionRequest, prompt: list[int], choices: list[Completion],
-                         tools: list[dict] | None):
-        reply = _Reply(f"chatcmpl-{uuid.uuid4().hex}", "chat.completion", int(time.time()), model_name)
-        parallel = req.parallel_tool_calls is not False
-        messages = [assistant_message(c.text, tool_parser, tools, parallel) for c in choices]
-        if req.stream:
-            usage = req.stream_options is not None and bool(req.stream_options.include_usage)
-            return _sse(reply.chat_chunks(choices, messages, bool(req.logprobs), len(prompt), usage, tokenizer))
-        return reply.chat(choices, messages, bool(req.logprobs), len(prompt), tokenizer)
-
-    if sessions is not None:
-        _session_routes(app, sessions, v1, read_json, check_model, chat_choices, chat_reply, tool_parser)
-    return app
+        req = parse_request(ChatCompletionRequest, await server.read_json(request))
+        server.check_model(req.model)
+        tools = request_tools(req, server.tool_parser)
+        prompt = server.chat_prompt([m.template_dict() for m in req.messages], tools)
+        choices = await server.run(server.chat_job(req, prompt))
+        return server.chat_reply(req, prompt, choices, server.assistant_messages(req, choices, tools))
 
 
-def _session_routes(
-    app: FastAPI, sessions: SessionStore, v1, read_json, check_model, chat_choices, chat_reply,
-    tool_parser: ToolCallParser | None,
-) -> None:
+def _session_routes(app: FastAPI, server: _Server, sessions: SessionStore) -> None:
     """Gateway mode: chat completions recorded per session, and the records (see rlhf.serve.gateway)."""
+    v1 = [Depends(server.authorize)]
+    if sessions.max_model_len is None:
+        sessions.max_model_len = server.engine.max_model_len
 
     @app.post("/sessions/{session_id}/v1/chat/completions", dependencies=v1)
     async def session_chat(session_id: str, request: Request):
-        req = parse_request(ChatCompletionRequest, await read_json(request))
-        check_model(req.model)
+        req = parse_request(ChatCompletionRequest, await server.read_json(request))
+        server.check_model(req.model)
         if req.n != 1:
             raise ApiError(400, "A session records one trajectory per conversation: n must be 1 (send n requests "
                            "in n sessions to sample n conversations).", param="n")
-        tools = request_tools(req, tool_parser)
+        tools = request_tools(req, server.tool_parser)
         messages = [m.template_dict() for m in req.messages]
-        session = sessions.get(session_id)
-        async with session.lock:  # one turn at a time: each continues the ids of the last
-            try:
-                if tools:
-                    check_template_renders_tools(ChatRenderer(sessions.tokenizer, tools=tools), messages)
-                prompt = sessions.prompt_ids(session, messages, tools)
-            except ApiError:
-                raise
-            except Exception as err:  # the chat template rejected the messages
-                raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
-            choices = await chat_choices(req, prompt)
+        async with sessions.open(session_id) as session:  # one turn at a time: each continues the ids of the last
+            planned = _plan(sessions, session, messages, tools)
+            job = server.chat_job(req, planned.prompt_ids)  # every check passes before anything is recorded
+            job.max_tokens = min(job.max_tokens, planned.room)  # the reply ends where the record must
+            choices = await server.run(job)
+            replies = server.assistant_messages(req, choices, tools)
             temperature = 1.0 if not req.temperature else req.temperature  # the log-probs' (greedy: 1)
-            sessions.record(session, choices[0].token_ids, choices[0].log_probs, temperature)
-        return await chat_reply(req, prompt, choices, tools)
+            (choice,) = choices
+            sessions.commit(session, planned, choice.token_ids, choice.log_probs, temperature, text=choice.text,
+                            reply=replies[0].to_dict())
+        return server.chat_reply(req, planned.prompt_ids, choices, replies)
 
     @app.get("/sessions/{session_id}", dependencies=v1)
     async def session_record(session_id: str) -> dict:
@@ -309,21 +339,35 @@ def _session_routes(
 
     @app.post("/sessions/{session_id}/reward", dependencies=v1)
     async def session_reward(session_id: str, request: Request) -> dict:
-        body = await read_json(request)
+        body = await server.read_json(request)
         session = sessions.get(session_id, create=False)
         if session is None or not session.trajectories:
             raise ApiError(404, f"No session {session_id!r} with a trajectory to reward.")
         reward = body.get("reward") if isinstance(body, dict) else None
         if not isinstance(reward, (int, float)) or isinstance(reward, bool):
             raise ApiError(400, 'The body must be {"reward": <number>}.', param="reward")
-        session.trajectories[-1].rewards.append(float(reward))
-        return {"session": session_id, "rewards": session.trajectories[-1].rewards}
+        if not math.isfinite(reward):
+            raise ApiError(400, f"The reward must be a finite number, not {reward!r} (NaN, Infinity and numbers "
+                           "beyond a double's range have no place in a loss).", param="reward")
+        latest = session.trajectories[-1]
+        latest.rewards.append(float(reward))
+        return {"session": session_id, "rewards": latest.rewards}
 
     @app.delete("/sessions/{session_id}", dependencies=v1)
     async def session_drop(session_id: str) -> dict:
         return {"session": session_id, "deleted": sessions.drop(session_id)}
 
-    return app
+
+def _plan(sessions: SessionStore, session: Session, messages: list[dict], tools: list[dict] | None) -> PlannedTurn:
+    """The session's plan for a request; a chat template that cannot render it (or ignores its tools) is a 400."""
+    try:
+        if tools:
+            check_template_renders_tools(ChatRenderer(sessions.tokenizer, tools=tools), messages)
+        return sessions.plan(session, messages, tools)
+    except ApiError:
+        raise
+    except Exception as err:  # the chat template rejected the messages
+        raise ApiError(400, f"The chat template could not render these messages: {err}", param="messages")
 
 
 def _too_large(limit: int) -> ApiError:

@@ -144,7 +144,19 @@ def app_from_args(args: argparse.Namespace) -> FastAPI:
     app = build_app(engine, name, limits, api_key=args.api_key, model_aliases=aliases, sessions=sessions,
                     tool_parser=tool_parser)
     app.state.model_name = name
+    if sessions is not None:
+        app.state.on_shutdown.append(lambda: log_lost_sessions(sessions))
     return app
+
+
+def log_lost_sessions(sessions: SessionStore) -> None:
+    """Sessions live in the server's memory only: say what stopping it loses (SIGTERM runs this too)."""
+    held, trajectories = sessions.held()
+    if held:
+        log.warning("gateway: %d session(s) holding %d trajectories lived in this server's memory only and are lost "
+                    "at shutdown (fetch GET /sessions/ID before stopping the server)", held, trajectories)
+    else:
+        log.info("gateway: no session held at shutdown")
 
 
 def load_engine(args: argparse.Namespace):

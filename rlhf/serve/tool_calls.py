@@ -49,8 +49,7 @@ def request_tools(req: ChatCompletionRequest, parser: ToolCallParser | None) -> 
 
 def check_template_renders_tools(renderer: ChatRenderer, messages: Sequence[Mapping]) -> None:
     """400 unless the chat template writes the tools into the prompt (many small models' templates ignore them)."""
-    plain = ChatRenderer(renderer.tokenizer, eos_token_ids=list(renderer.eos_token_ids))
-    if renderer.text(messages, generation_prompt=True) == plain.text(messages, generation_prompt=True):
+    if renderer.ignores_tools(messages):
         raise ApiError(400, "This model's chat template ignores `tools`, so the model would never see them. Describe "
                        "the tools in a system message and send the request without `tools`, or restart the server "
                        "with `--chat-template FILE`, a template that renders tools.", param="tools", code="unsupported_parameter")

@@ -222,8 +222,9 @@ def test_the_environment_can_own_the_reward():
                              prompts(tok, questions), SamplingParams(max_new_tokens=8))
     scored, _ = score_rollout(batch, tok, RewardManager(scorers={"calc": environment_reward}))
     assert scored["scores"].tolist() == [2.0, 2.0]  # 1.0 per step, two steps
-    with pytest.raises(ValueError, match="carries no environment reward"):
-        environment_reward("3", "3", {"agent": {"reward": None}})
+    assert environment_reward("3", "3", {"agent": {"reward": None}}) == 0.0  # never rewarded: the default
+    with pytest.raises(ValueError, match="not a multi-turn one"):
+        environment_reward("3", "3", {})
 
 
 def test_one_step_off_multi_turn_trains_on_the_conversations_of_two_versions_back(eos_model, tmp_path, monkeypatch):

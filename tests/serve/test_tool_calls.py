@@ -28,20 +28,23 @@ CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call
 
 
 class ScriptedEngine:
-    """The tiny model's engine whose replies are given texts (the tiny model cannot write a tool call): the
-    server's own path (template, parser, reply, gateway) runs for real around it. It records every prompt."""
+    """An engine (its tokenizer, pad and EOS ids taken from `engine`) whose replies are given: texts, tokenised
+    and ended with EOS (the tiny model cannot write a tool call), or exact token ids (a sampled, possibly
+    non-canonical tokenisation). The server's own path (template, parser, reply, gateway) runs for real around
+    it. It records every prompt."""
 
-    def __init__(self, engine: HFEngine, replies: list[str]):
+    def __init__(self, engine: HFEngine, replies: list[str | list[int]], max_model_len: int = 4096):
         self.inner, self.replies, self.prompts = engine, list(replies), []
-        self.tokenizer, self.max_model_len = engine.tokenizer, 4096  # Qwen's tool prompt is ~700 bytes
+        self.tokenizer, self.max_model_len = engine.tokenizer, max_model_len  # Qwen's tool prompt is ~700 bytes
         self.pad_token_id, self.eos_token_ids = engine.pad_token_id, engine.eos_token_ids
 
     def generate(self, batch: Batch, sampling, seed=None) -> Batch:
         rows = []
         for ids, mask in zip(batch["input_ids"], batch["attention_mask"]):
             self.prompts.append(ids[mask.bool()].tolist())
-            rows.append(self.tokenizer(self.replies.pop(0), add_special_tokens=False)["input_ids"]
-                        + [self.eos_token_ids[0]])
+            reply = self.replies.pop(0)
+            rows.append(list(reply) if isinstance(reply, list) else
+                        self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.eos_token_ids[0]])
         width = max(len(r) for r in rows)
         responses = torch.full((len(rows), width), self.pad_token_id)
         mask = torch.zeros((len(rows), width), dtype=torch.long)
