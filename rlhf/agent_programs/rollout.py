@@ -16,12 +16,12 @@ not a reward costs its own attempt: its trajectories stay in the batch with the 
 reward 0 (so `rlhf rollouts show` shows what the model said before it failed), it is counted
 (`agent/errors/*`, `agent/timeouts`) and named in one warning line, and the step goes on.
 
-Rows: one per trajectory. A conversation that forks (the agent sends messages that do not extend the
-session's last trajectory: an edited history, a restart, a second independent question, or a return
-to an earlier conversation after one) becomes several trajectories in the gateway (rlhf.serve.gateway:
-what a new one re-renders of earlier replies is prompt, not trained); each is its own row, every one with the attempt's reward and the task's
-uid (the GRPO group), so a forked attempt counts once per trajectory in its group's baseline (as rLLM
-trains every step of an episode with the episode's reward). An attempt that never called the model is
+Rows: one per trajectory. The gateway follows the agent's messages (rlhf.serve.gateway): a request that
+continues a recorded conversation extends its trajectory; a second independent question, a resample
+from an earlier turn, or an edited history starts another trajectory of the same session (a fork). Each
+trajectory is its own row, every one with the attempt's reward and the task's uid (the GRPO group), so a
+forked attempt counts once per trajectory in its group's baseline (as rLLM trains every step of an
+episode with the episode's reward). An attempt that never called the model is
 one row with an empty response (nothing to train; its reward still joins its group). Evaluation
 (`__call__`, what `Evaluator` calls) keeps one row per attempt, its last trajectory, since held-out
 metrics read `n` rows per prompt.
