@@ -28,6 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("rlhf.cli",),  # the command line
     ("rlhf_configs", "rlhf.sweeps"),  # reusable graph pieces; running N variants of a graph
     ("rlhf.config", "rlhf.runtime"),  # editing a graph; running one (preflight, plan, runtimes)
+    ("rlhf.agent_programs",),  # black-box agent programs in the RL loop, on the recording gateway
     ("rlhf.trainers", "rlhf.serve"),  # driver loops; the OpenAI-compatible server
     ("rlhf.workers", "rlhf.agents"),  # policy, critic, reward-model workers; multi-turn rollouts (agent loop)
     ("rlhf.rollout", "rlhf.data"),  # rollout engines; datasets

@@ -396,3 +396,32 @@ def long_addition_rows(n: int, *, digits: int = 4, seed: int = 0, split: Split =
         }
         for index, (a, b) in enumerate(pairs)
     ]
+
+
+def long_multiplication_rows(n: int, *, digits: int = 3, seed: int = 0, split: Split = "train") -> list[dict]:
+    """`n` products of two `digits`-digit numbers, "What is 482*937?", the product as ground truth.
+
+    Beyond what a small model multiplies in its head (SmolLM2-135M gets essentially none of the
+    three-digit ones), short enough to copy into a calculator call (experiments/smollm2_agent.py).
+    `extra_info` keeps the operands `a`, `b`; the split comes from each problem's hash.
+    """
+    _check_args("long_multiplication_rows", n, split)
+    if digits < 1:
+        raise ValueError(f"long_multiplication_rows: digits must be >= 1, got {digits}")
+    low, high = 10 ** (digits - 1), 10**digits - 1
+    rng = _rng(f"long_multiplication{digits}", seed, split)
+
+    def make() -> tuple[int, int]:
+        return rng.randint(low, high), rng.randint(low, high)
+
+    pairs = _unique_problems(f"long_multiplication{digits}", n, split, make, key_of=lambda p: f"{p[0]}*{p[1]}")
+    return [
+        {
+            "data_source": "long_multiplication",
+            "prompt": [{"role": "user", "content": f"What is {a}*{b}?"}],
+            "ability": "arithmetic",
+            "reward_model": {"style": "rule", "ground_truth": str(a * b)},
+            "extra_info": {"split": split, "index": index, "a": a, "b": b},
+        }
+        for index, (a, b) in enumerate(pairs)
+    ]

@@ -7,11 +7,13 @@ log-probs the same way for SFT and RL, and the loss covers `response_mask` token
 Two row formats:
 - verl prompt rows (`prompt`, `reward_model`, ...): the prompt is the chat-templated
   `prompt` messages, the response is `response(row)` + EOS (every response token is trained).
-- chat rows with `messages` (system/user/assistant turns, several of each): the prompt is
+- chat rows with `messages` (system/user/assistant/tool turns, several of each): the prompt is
   the conversation up to the first assistant turn's header; the response is the rest of the
   conversation up to the last assistant turn, and `response_mask` is 1 exactly on the
-  assistant contents and their end-of-turn token, 0 on user/system turns and on the
-  template's role headers inside it.
+  assistant contents and their end-of-turn token, 0 on user/system/tool turns and on the
+  template's role headers inside it. A row's optional `tools` (OpenAI function schemas, as TRL's
+  SFT takes them) reach the chat template as `tools=`, so a demonstration is rendered exactly as an
+  agent's request with those tools is (rlhf serve, the agent-program gateway).
 
 Batches can be length-bucketed (`SFTDataset.shuffled(..., bucketed=True)`) to cut padding;
 `padding_fraction` measures it.
@@ -57,14 +59,17 @@ def answer_from_extra_info(row: Mapping, key: str = "answer") -> str:
 
 
 # ------------------------------------------------------------------ multi-turn
-def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], generation_prompt: bool) -> str:
+def _render(tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], generation_prompt: bool,
+            tools: Sequence[Mapping] | None = None) -> str:
+    kwargs = {"tools": [dict(t) for t in tools]} if tools else {}
     return tokenizer.apply_chat_template(
-        [dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=False
+        [dict(m) for m in messages], add_generation_prompt=generation_prompt, tokenize=False, **kwargs
     )
 
 
 def conversation_ids(
-    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], *, where: str = "conversation", context: int = 0
+    tokenizer: PreTrainedTokenizerBase, messages: Sequence[Mapping], *, tools: Sequence[Mapping] | None = None,
+    where: str = "conversation", context: int = 0,
 ) -> tuple[list[int], list[int], list[int]]:
     """(prompt ids, response ids, response mask) of a chat with one or more assistant turns.
 
@@ -87,6 +92,11 @@ def conversation_ids(
             f"{where}: `messages` must be a list of {{role, content}} dicts with at least one assistant turn"
             + (f" after the first {context} (the prompt)" if context else "") + f", got roles {roles}"
         )
+    if tools is not None and (not isinstance(tools, Sequence) or not all(isinstance(t, Mapping) for t in tools)):
+        raise DataError(f"{where}: `tools` must be a list of function schemas "
+                        '({"type": "function", "function": {"name": ..., "parameters": {...}}}), '
+                        f"got {type(tools).__name__}")
+    render = functools.partial(_render, tokenizer, tools=tools)
     # end-of-turn markers: EOS and the template's other special tokens (Qwen base: EOS is
     # <|endoftext|>, turns end with <|im_end|>)
     end_ids = {tokenizer.eos_token_id, *tokenizer.all_special_ids}
@@ -103,19 +113,19 @@ def conversation_ids(
             )
         return current[len(previous):]
 
-    prompt_text = _render(tokenizer, messages[: assistant[0]], True)
+    prompt_text = render(messages[: assistant[0]], True)
     prompt = ids(prompt_text)
     response: list[int] = []
     mask: list[int] = []
     done = prompt_text  # rendered text covered so far
     for turn in assistant:
-        header = _render(tokenizer, messages[:turn], True)
-        context = ids(piece(done, header))  # user/system turns + the assistant header
-        answer = ids(piece(header, _render(tokenizer, messages[: turn + 1], False)))
+        header = render(messages[:turn], True)
+        between = ids(piece(done, header))  # user/system turns + the assistant header
+        answer = ids(piece(header, render(messages[: turn + 1], False)))
         trained = max((k + 1 for k, t in enumerate(answer) if t in end_ids), default=len(answer))
-        response += context + answer
-        mask += [0] * len(context) + [1] * trained + [0] * (len(answer) - trained)
-        done = _render(tokenizer, messages[: turn + 1], False)
+        response += between + answer
+        mask += [0] * len(between) + [1] * trained + [0] * (len(answer) - trained)
+        done = render(messages[: turn + 1], False)
     while mask and not mask[-1]:  # nothing to learn after the last end-of-turn token
         response.pop()
         mask.pop()
@@ -209,7 +219,8 @@ def sft_tokens(
         error, status = None, FITS
         try:
             if "messages" in row:
-                prompt, target, mask = conversation_ids(tokenizer, row["messages"], where=f"{name}, row {i}")
+                prompt, target, mask = conversation_ids(tokenizer, row["messages"], tools=row.get("tools"),
+                                                        where=f"{name}, row {i}")
             else:
                 try:
                     text = response(row)

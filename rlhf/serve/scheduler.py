@@ -10,6 +10,10 @@ queued, in order, for the next round. Within a batch each job is cut to its own 
 and stop strings afterwards; `max_tokens` is bucketed by powers of two so a 16-token request
 never waits behind a 1000-token one in the same `generate`.
 
+`max_batch_size` may be changed while the scheduler runs (then call `wake()`): the agent-program loop
+(rlhf.agent_programs) sets it to the number of attempts running, so a batch starts as soon as every
+running attempt has sent its request, instead of waiting out `batch_wait_s` for attempts that are done.
+
 The queue is bounded: `submit` raises `QueueFull` past `max_queue` waiting jobs (HTTP 429),
 `ShuttingDown` once `close()` has begun (503), and a job that has waited longer than
 `queue_timeout_s` fails with `Overloaded` (503) instead of hanging.
@@ -103,6 +107,7 @@ class BatchScheduler:
         self._queue: deque[tuple[Job, SamplingKey]] = deque()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rlhf-serve-generate")
         self._arrived: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._closing = False
         self.batches_run = 0  # counters for /health and tests
@@ -115,7 +120,13 @@ class BatchScheduler:
     def start(self) -> None:
         """Start the scheduling loop on the running event loop."""
         self._arrived = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._loop(), name="rlhf-serve-scheduler")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run_loop(), name="rlhf-serve-scheduler")
+
+    def wake(self) -> None:
+        """From any thread: look at the queue again (after `max_batch_size` changed)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._arrived.set)
 
     def submit(self, job: Job) -> asyncio.Future:
         """Queue a job; its future resolves to one `Completion` per row."""
@@ -146,7 +157,7 @@ class BatchScheduler:
                 self._task.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
-    async def _loop(self) -> None:
+    async def _run_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while not self._closing:
             await self._arrived.wait()

@@ -1,11 +1,12 @@
 """A small resumable RL job, run as a subprocess by test_kill_and_resume.py.
 
-usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [stream] [steps=N] [allow_changes] [async=MODE]
+usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [stream] [steps=N] [allow_changes] [async=MODE] [agent]
 
 `stream`: the prompts come from a JSON Lines file through StreamingPromptDataset (resumed at the
 stream position saved in the checkpoint) instead of an in-memory PromptDataset. `async=MODE`:
 asynchronous rollout (docs/async.md): `one_step_off`, `fixed_lag_2` (two versions behind, exactly) or
-`streaming` (the newest weights, at most 2 versions behind).
+`streaming` (the newest weights, at most 2 versions behind). `agent`: the rollout is an OpenAI-client agent
+program (rlhf.agent_programs; tests/agents/program_agents.py's `answer_once`) scored by what it returns.
 
 With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
 cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
@@ -25,6 +26,8 @@ import fiddle as fdl
 import torch
 from transformers import get_cosine_schedule_with_warmup
 
+from rlhf.agent_programs import AgentProgramRollout
+from rlhf.agents.environment import environment_reward
 from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.files import write_rows
@@ -57,7 +60,7 @@ ASYNC = {
 
 
 def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_STEPS,
-          stream: bool = False, rollout: str | None = None) -> fdl.Config[Experiment]:
+          stream: bool = False, rollout: str | None = None, agent: bool = False) -> fdl.Config[Experiment]:
     tokenizer = fdl.Config(load_tokenizer, model)
     train_data = fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=24), tokenizer=tokenizer)
     if stream:
@@ -88,6 +91,13 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
         keep_checkpoints=2,
         records=fdl.Partial(RolloutRecorder),
     )
+    if agent:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "agents"))
+        from program_agents import answer_once  # a plain openai agent, as a user writes it
+
+        stage.train_data.raw_prompt = True
+        stage.rollout = fdl.Config(AgentProgramRollout, agent=answer_once, tokenizer=tokenizer)
+        stage.reward = fdl.Config(RewardManager, scorers={"arithmetic": environment_reward})
     if rollout is not None:
         use_async_rollout(stage, **ASYNC[rollout])
     return fdl.Config(
@@ -135,5 +145,5 @@ if __name__ == "__main__":
     rollout = next((f.removeprefix("async=") for f in flags if f.startswith("async=")), None)
     with one_line_errors("run the same command again to resume from the newest checkpoint"):
         run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags,
-                             rollout=rollout),
+                             rollout=rollout, agent="agent" in flags),
                        allow_changes="allow_changes" in flags)
