@@ -61,6 +61,16 @@ TARGET_RATIO = 1 / 3  # OPD's minutes to 90% of the teacher, at most this fracti
 
 
 # ------------------------------------------------------------------ settings
+
+def recipe_temperature() -> float:
+    """The sampling temperature every method runs at: experiments/smollm2_tasks.py's default."""
+    import inspect
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "experiments"))
+    import smollm2_tasks
+
+    return inspect.signature(smollm2_tasks.base).parameters["temperature"].default
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What each child runs with (also written into the result)."""
     quick = args.quick
@@ -73,7 +83,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "sft": {"steps": 2 if quick else args.sft_steps, "batch": 4 if quick else args.sft_batch, "lr": args.sft_lr,
                 "prompts": 8 if quick else args.sft_prompts, "temperature": args.sft_temperature},
         "eval_every": 1 if quick else args.eval_every,
-        "sampling": {"temperature": 1.0, "n": 2 if quick else 8, "prompts_per_step": 2 if quick else 8,
+        "sampling": {"temperature": recipe_temperature(), "n": 2 if quick else 8, "prompts_per_step": 2 if quick else 8,
                      "max_new_tokens": 8 if quick else 64},
         "kl_estimator": "k1 (log pi - log mu, the advantage negated; no KL to a reference)",
     }

@@ -8,7 +8,7 @@ token it samples, instead of from one reward per answer (docs/distillation.md).
     python experiments/smollm2_distill.py --config fiddler:smoke    # a few tiny steps on the real model (tests)
 
 The task, its held-out evaluator and every setting of the student's stage are `experiments/smollm2_tasks.py`'s
-(arithmetic by our generator, "The answer is N." asked for; 8 prompts x 8 samples at temperature 1.0, 64 new
+(arithmetic by our generator, "The answer is N." asked for; 8 prompts x 8 samples at temperature 0.7, 64 new
 tokens; PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 200 held-out rows,
 greedy): this file changes only the advantage. `rlhf_configs.algorithms.use_distillation` gives the policy worker
 the frozen teacher (stored in the compute dtype, sharded like the reference) and makes the advantage the per-token
