@@ -48,6 +48,7 @@ from rlhf.agents.parsers import ToolCallParser
 from rlhf.agents.rollout import agent_metrics
 from rlhf.agents.trajectory import Trajectory
 from rlhf.batch import Batch
+from rlhf.choices import check_choice
 from rlhf.ranges import PositiveInt
 from rlhf.rollout.sampling import SamplingParams
 
@@ -89,6 +90,7 @@ class AgentProgramRollout:
         transport: Transport = "in_process",  # the client's way to the gateway: an ASGI call, or loopback HTTP
         eos_token_ids: Sequence[int] | None = None,  # where the engine stops a turn; None: the tokenizer's EOS
     ):
+        check_choice("AgentProgramRollout.transport", transport, Transport)
         self.attempt_function = attempt_function(agent)
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
@@ -268,6 +270,9 @@ def _tasks(prompts: Batch) -> list[dict]:
     if not prompts.non_tensors or "uid" not in prompts.non_tensors:
         raise ValueError("AgentProgramRollout: the prompts carry no row columns for the agent's task (a PromptDataset "
                          "batch has uid, data_source, ground_truth, extra_info, and raw_prompt with raw_prompt=True)")
+    if "raw_prompt" not in prompts.non_tensors:
+        raise ValueError("AgentProgramRollout: the agent's task needs the row's chat messages (task['prompt']): build "
+                         "the dataset with PromptDataset(raw_prompt=True)")
     names = {"raw_prompt": "prompt"}
     columns = prompts.non_tensors
     return [{names.get(k, k): columns[k][i] for k in columns} for i in range(len(prompts))]
