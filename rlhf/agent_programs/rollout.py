@@ -130,6 +130,11 @@ class AgentProgramRollout:
         attempts = [Attempt(row, f"{step}-{row}-{k}") for row in range(len(tasks)) for k in range(sampling.n)]
         with gateway:
             _run(self._attempts(gateway, tasks, attempts))
+        if gateway.engine.errors:  # the policy's generate broke: the step fails, as a single-turn rollout's would
+            err = gateway.engine.errors[0]
+            err.add_note(f"(raised by the policy's generate while serving agent attempts; {len(gateway.engine.errors)} "
+                         "failed calls, rlhf.agent_programs)")
+            raise err
         # the gateway is closed: no late request of an abandoned attempt can change a session now
         for a in attempts:
             session = gateway.sessions.get(a.session, create=False)
