@@ -58,7 +58,9 @@ class GenerateEngine:
 
     The trainer's sampling wins over the request's (see the module docstring); only the request's
     token limit is kept. The policy versions of the rows it generated (asynchronous rollout tags them)
-    are collected in `versions`.
+    are collected in `versions`; a failure of `generate` is kept in `errors` (the server answers the
+    agents 500, and the rollout raises it afterwards: a broken engine must stop the step, not look like
+    agents that all failed).
     """
 
     def __init__(self, generate: Generate, tokenizer: PreTrainedTokenizerBase, sampling: SamplingParams,
@@ -70,13 +72,18 @@ class GenerateEngine:
         self.pad_token_id = tokenizer.pad_token_id
         self.max_model_len = max_model_len
         self.versions: list[int] = []
+        self.errors: list[BaseException] = []
         self.calls = 0
         self.rows = 0
 
     def generate(self, prompts: Batch, sampling: SamplingParams, seed: int | None = None) -> Batch:
         turn = dataclasses.replace(self.sampling, n=1,
                                    max_new_tokens=min(sampling.max_new_tokens, self.sampling.max_new_tokens))
-        out = self._generate(prompts, turn)
+        try:
+            out = self._generate(prompts, turn)
+        except BaseException as err:
+            self.errors.append(err)
+            raise
         self.calls += 1
         self.rows += len(prompts)
         if "policy_version" in out:

@@ -48,6 +48,7 @@ from rlhf.agents.parsers import ToolCallParser
 from rlhf.agents.rollout import agent_metrics
 from rlhf.agents.trajectory import Trajectory
 from rlhf.batch import Batch
+from rlhf.choices import check_choice
 from rlhf.ranges import PositiveInt
 from rlhf.rollout.sampling import SamplingParams
 
@@ -89,6 +90,7 @@ class AgentProgramRollout:
         transport: Transport = "in_process",  # the client's way to the gateway: an ASGI call, or loopback HTTP
         eos_token_ids: Sequence[int] | None = None,  # where the engine stops a turn; None: the tokenizer's EOS
     ):
+        check_choice("AgentProgramRollout.transport", transport, Transport)
         self.attempt_function = attempt_function(agent)
         self.tokenizer = tokenizer
         self.tool_parser = tool_parser
@@ -128,6 +130,11 @@ class AgentProgramRollout:
         attempts = [Attempt(row, f"{step}-{row}-{k}") for row in range(len(tasks)) for k in range(sampling.n)]
         with gateway:
             _run(self._attempts(gateway, tasks, attempts))
+        if gateway.engine.errors:  # the policy's generate broke: the step fails, as a single-turn rollout's would
+            err = gateway.engine.errors[0]
+            err.add_note(f"(raised by the policy's generate while serving agent attempts; {len(gateway.engine.errors)} "
+                         "failed calls, rlhf.agent_programs)")
+            raise err
         # the gateway is closed: no late request of an abandoned attempt can change a session now
         for a in attempts:
             session = gateway.sessions.get(a.session, create=False)
@@ -268,6 +275,9 @@ def _tasks(prompts: Batch) -> list[dict]:
     if not prompts.non_tensors or "uid" not in prompts.non_tensors:
         raise ValueError("AgentProgramRollout: the prompts carry no row columns for the agent's task (a PromptDataset "
                          "batch has uid, data_source, ground_truth, extra_info, and raw_prompt with raw_prompt=True)")
+    if "raw_prompt" not in prompts.non_tensors:
+        raise ValueError("AgentProgramRollout: the agent's task needs the row's chat messages (task['prompt']): build "
+                         "the dataset with PromptDataset(raw_prompt=True)")
     names = {"raw_prompt": "prompt"}
     columns = prompts.non_tensors
     return [{names.get(k, k): columns[k][i] for k in columns} for i in range(len(prompts))]

@@ -325,3 +325,14 @@ def test_every_trajectory_is_within_the_staleness_bound_with_its_behaviour_log_p
     finally:
         pipeline.close()
 
+
+
+def test_a_broken_engine_fails_the_step_instead_of_every_attempt():
+    tok = tokenizer()
+
+    def broken(prompts, sampling):
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    with pytest.raises(RuntimeError, match="illegal memory access") as err:
+        AgentProgramRollout(answer_once, tok).rollout(broken, arithmetic_prompts(tok, 2), SamplingParams(n=2))
+    assert any("serving agent attempts" in note for note in err.value.__notes__)
