@@ -53,15 +53,16 @@ def rm_stage(
     seed: int = 0,
 ) -> fdl.Config[RewardModelTrainer]:
     """A reward-model stage: a one-label score head on `model` (a causal LM, e.g. the policy's or an SFT
-    checkpoint; the head is new, drawn from `seed`), Bradley-Terry loss (with each pair's `margin` where the
+    checkpoint; the head is new, drawn from `seed`) trained on the pairs of `data` (and held out: `val`), each a
+    file or a graph node that builds preference rows, Bradley-Terry loss (with each pair's `margin` where the
     rows give one; `center_rewards_coefficient`: TRL's centring term), AdamW + cosine schedule with warmup,
     `batch_size` pairs per step in micro-batches of `micro_batch_size` rows (a pair's two rows always together)
     or by a token budget, held-out `rm/accuracy`, `rm/margin`, ... on `val`."""
     tokenizer = fdl.Config(load_tokenizer, model)
 
-    def dataset(path, name):
-        return fdl.Config(PreferenceDataset, rows=fdl.Config(load_preference_rows, path=path), tokenizer=tokenizer,
-                          max_length=max_length, name=name)
+    def dataset(rows, name):  # a file, or a graph node that makes the rows (e.g. from an earlier stage's samples)
+        rows = fdl.Config(load_preference_rows, path=rows) if isinstance(rows, str) else rows
+        return fdl.Config(PreferenceDataset, rows=rows, tokenizer=tokenizer, max_length=max_length, name=name)
 
     return fdl.Config(
         RewardModelTrainer,

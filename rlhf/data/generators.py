@@ -425,3 +425,56 @@ def long_multiplication_rows(n: int, *, digits: int = 3, seed: int = 0, split: S
         }
         for index, (a, b) in enumerate(pairs)
     ]
+
+
+# ------------------------------------------------------------------------- topic prompts
+
+TOPICS = tuple("""
+volcano rainbow library ocean moon computer bicycle piano garden river desert forest bridge castle camera umbrella
+penguin elephant tiger dolphin butterfly spider mountain island cloud glacier planet comet battery magnet telescope
+compass lighthouse train airplane rocket submarine tomato potato apple banana pizza guitar violin drum museum
+hospital market farm village kitchen candle mirror clock map newspaper password vaccine robot diamond owl eagle shark
+whale horse rabbit frog bee ant cactus mushroom tornado earthquake snowflake keyboard lamp tractor windmill canoe
+helmet backpack ladder kite balloon volcano waterfall cave beach lake skyscraper tunnel highway bakery orchestra
+microscope thermometer calculator printer smartphone satellite parachute compass hammer scissors bridge pyramid
+statue fountain garden zebra giraffe kangaroo octopus jellyfish parrot squirrel hedgehog lion camel peacock coral
+""".split())
+"""Countable things to ask about (duplicates are dropped where the prompts are made)."""
+
+TOPIC_TEMPLATES = (
+    "What is {a} {t}?", "Describe {a} {t} in one sentence.", "Tell me a fun fact about the {t}.",
+    "Why is the {t} useful?", "Give me one tip about using a {t}.", "Write a short note about the {t}.",
+    "Explain the {t} to a child.", "What do you know about the {t}?", "How does {a} {t} work?",
+    "What makes the {t} special?", "Say something interesting about the {t}.", "Who would need {a} {t}?",
+)
+"""Ways of asking about a topic; some are answered by naming it first, some rarely (room for a direct style)."""
+
+
+def topic_prompt_rows(n: int | None = None, *, seed: int = 0, split: Split = "train", test_percent: int = 20) -> list[dict]:
+    """Chat prompts about everyday things ("What is a comet?", "Give me one tip about using a kite."), a topic
+    from `TOPICS` in one of `TOPIC_TEMPLATES`, with the topic as ground truth and data_source
+    "direct_answer" (its gold rule: rlhf.rewards.direct_answer). A prompt's split is fixed by its hash
+    (`test_percent` of all prompts are test: ~330 of ~1600); `n` of them in a seeded order (None: all).
+    """
+    if n is not None:
+        _check_args("topic_prompt_rows", n, split)
+    prompts = []
+    for topic in dict.fromkeys(TOPICS):
+        article = "an" if topic[0] in "aeiou" else "a"
+        for template in TOPIC_TEMPLATES:
+            text = template.format(t=topic, a=article)
+            if problem_split(f"topic/{text}", test_percent) == split:
+                prompts.append((topic, text))
+    _rng("topic_prompts", seed, split).shuffle(prompts)
+    if n is not None and n > len(prompts):
+        raise ValueError(f"topic_prompt_rows: n={n} but the {split} split has {len(prompts)} prompts")
+    return [
+        {
+            "data_source": "direct_answer",
+            "prompt": [{"role": "user", "content": text}],
+            "ability": "chat",
+            "reward_model": {"style": "rule", "ground_truth": topic},
+            "extra_info": {"split": split, "index": index, "topic": topic},
+        }
+        for index, (topic, text) in enumerate(prompts[:n])
+    ]

@@ -22,6 +22,7 @@ from typing import Any, NoReturn
 from rlhf.rewards.arithmetic import arithmetic_answer, exact_match_score
 from rlhf.rewards.code import code_score
 from rlhf.rewards.countdown import countdown_score
+from rlhf.rewards.direct_answer import direct_answer_score
 from rlhf.rewards.gsm8k import gsm8k_answer, gsm8k_score
 from rlhf.rewards.final_answer import final_answer
 from rlhf.rewards.math import MATH_SOURCES, math_answer, math_score
@@ -71,6 +72,7 @@ class SourceRules:
 RULES: FrozenDict = FrozenDict({
     "arithmetic": SourceRules(exact_match_score, arithmetic_answer),
     "countdown": SourceRules(countdown_score),  # an equation per response: no shared answer to vote on
+    "direct_answer": SourceRules(direct_answer_score),  # style (opens with its subject): nothing to vote on
     "openai/gsm8k": SourceRules(gsm8k_score, gsm8k_answer),
     **{source: SourceRules(math_score, math_answer) for source in MATH_SOURCES},
     **{source: SourceRules(code_score) for source in CODE_SOURCES},  # a program: no shared answer either
