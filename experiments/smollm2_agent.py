@@ -222,7 +222,9 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     """The smallest run through every stage (tests): 8 held-out tasks, 1 SFT step, 1 GRPO step of 2 tasks x 2."""
     for stage in cfg.stages.values():
         limit_rows(stage.evaluator.dataset, 8)
+    limit_rows(cfg.stages["sft"].data, 16)
     grpo = cfg.stages["grpo"]
+    limit_rows(grpo.train_data, 16)
     grpo.total_steps = 1
     grpo.prompts_per_step = 2
     grpo.sampling.n = 2
