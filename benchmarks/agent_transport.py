@@ -65,7 +65,7 @@ def conversational_agent(turns: int):
 def timed(transport: str, tokenizer, prompts: Batch, n: int, turns: int) -> float:
     """Seconds per request for len(prompts) x n attempts of `turns` requests each."""
     rollout = AgentProgramRollout(conversational_agent(turns), tokenizer, max_concurrent=max(64, len(prompts) * n),
-                                  batch_wait_ms=0.0, transport=transport)
+                                  batch_wait_ms=0.0, transport=transport, max_response_tokens=1 << 14)
     started = time.perf_counter()
     _, metrics = rollout.rollout(instant_generate(tokenizer), prompts, SamplingParams(n=n, max_new_tokens=4))
     seconds = time.perf_counter() - started
@@ -76,7 +76,7 @@ def timed(transport: str, tokenizer, prompts: Batch, n: int, turns: int) -> floa
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=50, help="sequential: requests of the one attempt")
+    parser.add_argument("--requests", type=int, default=20, help="sequential: requests of the one attempt")
     parser.add_argument("--attempts", type=int, default=64, help="concurrent: attempts at once")
     parser.add_argument("--turns", type=int, default=4, help="concurrent: requests per attempt")
     parser.add_argument("--rounds", type=int, default=5)

@@ -12,7 +12,7 @@ object with it. `task` is the dataset row: `prompt` (its chat messages), `ground
 likes, with `tools=` for function calling, and runs its own tools.
 
 Its return value is the attempt's reward: a number, or a dict with a `reward` entry (and any other
-numeric entries, reported as metrics `agent/info/<key>/mean`), or None: the reward manager then scores
+numeric entries, kept in each trajectory's `info` and reported as `info/<key>/{mean,total}`), or None: the reward manager then scores
 the final assistant message, as for any rollout. Anything else, or a reward that is not a finite
 number, fails the attempt (counted, never the run).
 """

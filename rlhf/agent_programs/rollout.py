@@ -262,11 +262,6 @@ class AgentProgramRollout:
         rewards = [a.outcome.reward for a in attempts if a.outcome is not None and a.outcome.reward is not None]
         if rewards:
             metrics["agent/reward/mean"] = sum(rewards) / len(rewards)
-        info: dict[str, list[float]] = defaultdict(list)
-        for a in attempts:
-            for key, value in (a.outcome.info if a.outcome is not None else {}).items():
-                info[key].append(value)
-        metrics.update({f"agent/info/{k}/mean": sum(v) / len(v) for k, v in sorted(info.items())})
         return metrics
 
 

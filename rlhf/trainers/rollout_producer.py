@@ -6,7 +6,8 @@ group's `generate`) and get `(batch, metrics)`: the generated rows (`sampling.n`
 columns of rlhf.rollout.engine.rollout_batch) and the producer's own metrics. Single-turn
 generation is one `policy.generate`; the multi-turn agent loop (rlhf.agents.AgentRollout) runs
 environments between turns and returns the same columns, with `response_mask` marking only the
-tokens the policy sampled. The step after it (scoring, advantages, update) is the same for both.
+tokens the policy sampled; so does rlhf.agent_programs.AgentProgramRollout, which runs the user's own
+OpenAI-client agent program against the recording gateway. The step after it (scoring, advantages, update) is the same for both.
 """
 
 from __future__ import annotations

@@ -152,7 +152,7 @@ def test_trajectories_are_token_exact_and_the_trainer_decides_sampling(eos_model
     batch, metrics = rollout.rollout(engine.generate, prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=8))
     assert metrics["agent/errors/total"] == 0 and metrics["num_turns/min"] == 2
     assert metrics["agent/generate_calls"] <= 4  # batched: 2 when each turn of the 8 attempts is one call (16 unbatched)
-    assert metrics["agent/info/length/mean"] == 5  # the question, two replies, a tool result, a follow-up
+    assert metrics["info/length/mean"] == 5  # the question, two replies, a tool result, a follow-up
     assert batch.meta["temperature"] == 1.0
     for turn in (1, 2):
         assert metrics[f"response_length/turn_{turn}/mean"] <= 8
