@@ -17,7 +17,8 @@ result. Stages:
 
 Measured (benchmarks/black_box_agent.py, 2026-11-27, one thread, load 4-9 with another session's job):
 greedy held-out accuracy of the agent on 64 products 0% untuned, 50% after the 2-step warm start, 100%
-after 6 GRPO steps (96.9% after 2), 20.4 minutes in all (benchmarks/results/black_box_agent-20261127-180911.json).
+after 6 GRPO steps (96.9% after 2), 20.4 minutes in all (benchmarks/results/black_box_agent-20261127-180911.json);
+with another GRPO seed the same accuracies in 11.4 minutes at load 2-3 (-183259.json).
 
 SmolLM2's chat template ignores `tools`, so the recipe renders them with `TOOLS_TEMPLATE`: SmolLM2's
 ChatML plus a system paragraph listing the functions and asking for a Python-style call
