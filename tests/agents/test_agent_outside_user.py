@@ -7,6 +7,7 @@ import logging
 import random
 
 import pytest
+import torch
 
 from helpers import tiny_model_path
 from rlhf.agents import Action, AgentRollout, PythonCallParser, StepResult, ToolEnvironment, Trajectory, \
@@ -50,6 +51,7 @@ def rows_for(tok, questions, **extra):
 def test_guess_the_number_cut_before_its_first_step_scores_the_default_not_a_scorer_error():
     """The tiny model's first turns are cut by max_new_tokens (it almost never samples EOS), so no conversation
     reaches step(); scored by `environment_reward`, each gets its default 0, counted, instead of ScorerError."""
+    torch.manual_seed(0)  # sampled: the outcome must not depend on which tests ran before
     engine = HFEngine(tiny_model_path())
     agent = AgentRollout(environment=GuessTheNumber, tokenizer=engine.tokenizer, max_turns=7)
     batch, metrics = agent.rollout(engine.generate, rows_for(engine.tokenizer, ["go"] * 4),
