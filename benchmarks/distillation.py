@@ -71,6 +71,13 @@ def recipe_temperature() -> float:
 
     return inspect.signature(smollm2_tasks.base).parameters["temperature"].default
 
+def recipe_samples() -> dict[str, int]:
+    """Answers sampled per prompt by each method's recipe: GRPO's groups (smollm2_tasks), OPD's (smollm2_distill)."""
+    import inspect
+
+    return {"grpo": 8, "opd": inspect.signature(_recipe("smollm2_distill").base).parameters["samples_per_prompt"].default}
+
+
 def settings(args: argparse.Namespace) -> dict[str, Any]:
     """What each child runs with (also written into the result)."""
     quick = args.quick
@@ -83,8 +90,9 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "sft": {"steps": 2 if quick else args.sft_steps, "batch": 4 if quick else args.sft_batch, "lr": args.sft_lr,
                 "prompts": 8 if quick else args.sft_prompts, "temperature": args.sft_temperature},
         "eval_every": 1 if quick else args.eval_every,
-        "sampling": {"temperature": recipe_temperature(), "n": 2 if quick else 8, "prompts_per_step": 2 if quick else 8,
-                     "max_new_tokens": 8 if quick else 64},
+        "sampling": {"temperature": recipe_temperature(), "n": 2 if quick else None,  # None: each recipe's own
+                     "n_per_method": None if quick else recipe_samples(),
+                     "prompts_per_step": 2 if quick else 8, "max_new_tokens": 8 if quick else 64},
         "kl_estimator": "k1 (log pi - log mu, the advantage negated; no KL to a reference)",
     }
 
@@ -112,7 +120,8 @@ def _shrink(stage, s: dict) -> None:
     from rlhf_configs.rows import limit_rows
 
     sampling = s["sampling"]
-    stage.sampling.n = sampling["n"]
+    if sampling["n"] is not None:  # --quick; else each recipe's own (OPD needs no group baseline: fewer samples)
+        stage.sampling.n = sampling["n"]
     stage.prompts_per_step = sampling["prompts_per_step"]
     stage.sampling.max_new_tokens = stage.evaluator.sampling.max_new_tokens = sampling["max_new_tokens"]
     limit_rows(stage.evaluator.dataset, s["heldout_rows"])

@@ -8,9 +8,9 @@ token it samples, instead of from one reward per answer (docs/distillation.md).
     python experiments/smollm2_distill.py --config fiddler:smoke    # a few tiny steps on the real model (tests)
 
 The task, its held-out evaluator and every setting of the student's stage are `experiments/smollm2_tasks.py`'s
-(arithmetic by our generator, "The answer is N." asked for; 8 prompts x 8 samples at temperature 0.7, 64 new
-tokens; PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 200 held-out rows,
-greedy): this file changes only the advantage. `rlhf_configs.algorithms.use_distillation` gives the policy worker
+(arithmetic by our generator, "The answer is N." asked for; 8 prompts at temperature 0.7, 64 new tokens; PPO clip
+0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 200 held-out rows, greedy): this file
+changes the advantage, and samples 4 answers per prompt where GRPO samples 8 (no group baseline is needed). `rlhf_configs.algorithms.use_distillation` gives the policy worker
 the frozen teacher (stored in the compute dtype, sharded like the reference) and makes the advantage the per-token
 reverse KL to it, log mu(y_t) - log pi(y_t), both at the sampling temperature (`OnPolicyDistillation`); the task
 reward is still scored and logged (`critic/score/mean`), and `with_task_reward` adds the GRPO advantage to the
@@ -43,9 +43,13 @@ NAME = "smollm2_distill"
 
 def base(teacher: Any = None, student: str = "smollm2-135m-instruct", task: str = "arithmetic",
          settings: dict[str, Any] | None = None, steps: int = 10, lr: float = 2e-5, distill_coef: float = 1.0,
-         teacher_steps: int = 10) -> fdl.Config[Experiment]:
+         teacher_steps: int = 10, samples_per_prompt: int = 4) -> fdl.Config[Experiment]:
     """OPD of `teacher` (a model folder) into `student` on `task` for `steps` steps of smollm2_tasks' stage;
-    teacher None: a stage "teacher" first trains one with that recipe for `teacher_steps` GRPO steps."""
+    teacher None: a stage "teacher" first trains one with that recipe for `teacher_steps` GRPO steps.
+
+    `samples_per_prompt` (4, where GRPO takes 8): the teacher grades every token, so no group of answers to one
+    prompt is needed for a baseline, and each step costs half of GRPO's in sampling, teacher scoring and update;
+    4 rather than 1 keeps groups for `with_task_reward`'s GRPO term."""
     stages = {}
     if teacher is None:
         stages["teacher"] = smollm2_tasks.base(task=task, settings=settings, model=student,
@@ -54,6 +58,7 @@ def base(teacher: Any = None, student: str = "smollm2-135m-instruct", task: str 
     cfg = smollm2_tasks.base(task=task, settings=settings, model=student, steps=steps, lr=lr)
     distill = cfg.stages["grpo"]
     use_distillation(distill, teacher, distill_coef=distill_coef)
+    distill.sampling.n = samples_per_prompt
     cfg.stages = {**stages, "distill": distill}
     cfg.name = NAME
     cfg.tracker.experiment = NAME

@@ -7,12 +7,14 @@ SmolLM2-135M-Instruct opens that way in about 70% of its greedy answers to these
 (`rlhf.data.generators.topic_prompt_rows`: 12 ways of asking about ~140 things).
 
     samples  the instruct model answers each training prompt 4 times; the gold rule scores the answers
-    rm       pairs (a prompt's best and worst answer by the rule, 10% held out) train a reward model: a one-label
+    rm       pairs (a prompt's best and worst answer by the rule, 20% held out) train a reward model: a one-label
              head on the instruct model, Bradley-Terry (RewardModelTrainer); held-out rm/accuracy
     grpo     the instruct model against the learned reward model alone (rule_weight=0: the gold rule is scored and
              logged as reward/rule/mean beside reward/model/mean, never trained on), k3 KL to the instruct model;
              validated greedily on held-out prompts by the gold rule (val-core/direct_answer/reward/mean@1), so a
              reward model that is gamed shows as its score rising while the gold falls (the regression alarm)
+    dpo      the instruct model trained by DPO (sigmoid loss, beta 0.1, the instruct model the reference) on the same
+             training pairs, validated on the held-out pairs (rewards/accuracies) and by the same gold evaluator
 
     python experiments/smollm2_rlhf.py                          # Ray, Aim, progress bars (CPU, fp32)
     python experiments/smollm2_rlhf.py --config fiddler:local   # in-process
@@ -32,6 +34,7 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
+from rlhf.algos.preference import DPOLoss
 from rlhf.cli.prepare_preferences import split_pairs
 from rlhf.data.generators import topic_prompt_rows
 from rlhf.data.preferences import pairs_from_samples
@@ -50,6 +53,7 @@ from rlhf.trainers.generate import GenerationStage
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.training import TrainingSetup
+from rlhf_configs.dpo import dpo_stage
 from rlhf_configs.pieces import policy_group
 from rlhf_configs.reward_model import rm_stage
 from rlhf_configs.rows import limit_rows
@@ -60,7 +64,7 @@ MAX_PROMPT_LENGTH = 64
 """The prompts are ~45 tokens with SmolLM2's default system prompt."""
 MAX_NEW_TOKENS = 32
 """Answers are cut here in every stage: the rule reads three words, and short answers keep each stage in minutes."""
-HELDOUT_PAIRS = 0.1
+HELDOUT_PAIRS = 0.2
 """Share of the pairs the reward model is validated on (never trained on)."""
 
 
@@ -80,9 +84,12 @@ def labelled_pairs(generations: str, split: str, test_fraction: float = HELDOUT_
     return train if split == "train" else test
 
 
-def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int = 4, rm_steps: int = 120,
-         rm_lr: float = 1e-5, rl_steps: int = 20, rl_lr: float = 1e-5, kl_coef: float = 0.05) -> fdl.Config[Experiment]:
-    """samples -> rm -> grpo, fp32 on CPU; `prompts` training prompts answered `samples` times for the pairs."""
+def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int = 4, rm_steps: int = 80,
+         rm_lr: float = 3e-5, rl_steps: int = 16, rl_lr: float = 2e-5, kl_coef: float = 0.05, dpo_steps: int = 40, dpo_lr: float = 5e-6,
+         dpo_beta: float = 0.1, generations: str | None = None) -> fdl.Config[Experiment]:
+    """samples -> rm -> grpo, and samples -> dpo, fp32 on CPU; `prompts` training prompts answered `samples`
+    times for the pairs; `generations`: pairs from this scored `generations.jsonl` of an earlier run's samples stage
+    (or `rlhf generate` with the gold scorer) instead of a samples stage."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
 
@@ -98,11 +105,21 @@ def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int
         prompts_per_call=64,
         reward=gold_reward(),
     )
-    generations = fdl.Config(StageOutput, stage="samples", key="generations")
+    samples = {"samples": samples_stage} if generations is None else {}
+    generations = generations or fdl.Config(StageOutput, stage="samples", key="generations")
     rm = rm_stage(model_path, fdl.Config(labelled_pairs, generations=generations, split="train"),
                   fdl.Config(labelled_pairs, generations=generations, split="test"),
                   steps=rm_steps, batch_size=16, micro_batch_size=32, lr=rm_lr, warmup_steps=5,
                   max_length=MAX_PROMPT_LENGTH + MAX_NEW_TOKENS + 8, test_freq=max(1, rm_steps // 4))
+    def gold_evaluator() -> fdl.Config[Evaluator]:  # greedy answers to held-out prompts, scored by the gold rule
+        return fdl.Config(Evaluator, dataset=prompt_data("test", None, "heldout"), reward=gold_reward(),
+                          sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS))
+
+    dpo = dpo_stage(model_path, fdl.Config(labelled_pairs, generations=generations, split="train"),
+                    fdl.Config(labelled_pairs, generations=generations, split="test"),
+                    loss=fdl.Config(DPOLoss, beta=dpo_beta), steps=dpo_steps, batch_size=16, micro_batch_size=16,
+                    lr=dpo_lr, warmup_steps=5, max_length=MAX_PROMPT_LENGTH + MAX_NEW_TOKENS + 8,
+                    test_freq=max(1, dpo_steps // 4), evaluator=gold_evaluator())
     grpo = fdl.Config(
         RLTrainer,
         policy=policy_group(
@@ -119,11 +136,9 @@ def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int
         reward=gold_reward(),  # scored and logged (reward/rule/mean), not trained on: rule_weight=0 below
         advantage=fdl.Config(GRPO, norm_by_std=True),
         sampling=fdl.Config(SamplingParams, n=8, temperature=1.0, max_new_tokens=MAX_NEW_TOKENS),
-        prompts_per_step=16,
+        prompts_per_step=8,
         total_steps=rl_steps,
-        evaluator=fdl.Config(
-            Evaluator, dataset=prompt_data("test", None, "heldout"), reward=gold_reward(),
-            sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=MAX_NEW_TOKENS)),
+        evaluator=gold_evaluator(),
         test_freq=max(1, rl_steps // 4),
         val_before_train=True,
     )
@@ -132,7 +147,7 @@ def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int
     return fdl.Config(
         Experiment,
         name=NAME,
-        stages={"samples": samples_stage, "rm": rm, "grpo": grpo},
+        stages={**samples, "rm": rm, "grpo": grpo, "dpo": dpo},
         runtime=fdl.Config(RayRuntime),
         tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME),
     )
@@ -141,10 +156,13 @@ def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int
 def smoke(cfg: fdl.Config[Experiment]) -> None:
     """A few tiny steps of every stage on the real model (tests): 16 prompts x 2 samples of 6 tokens, 2 reward-model
     steps, 2 GRPO steps of 2 prompts x 2 samples, validation on 4 prompts."""
-    samples, rm, grpo = (cfg.stages[name] for name in ("samples", "rm", "grpo"))
-    limit_rows(samples.dataset, 16)
-    samples.sampling.n = 2
-    for stage in (samples, grpo, grpo.evaluator):
+    rm, grpo, dpo = (cfg.stages[name] for name in ("rm", "grpo", "dpo"))
+    samples = cfg.stages.get("samples")
+    if samples is not None:
+        limit_rows(samples.dataset, 16)
+        samples.sampling.n = 2
+        samples.sampling.max_new_tokens = 6
+    for stage in (grpo, grpo.evaluator, dpo.evaluator):
         stage.sampling.max_new_tokens = 6
     rm.total_steps = 2
     rm.batch_size = 2
@@ -157,6 +175,12 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     grpo.test_freq = 0
     limit_rows(grpo.train_data, 16)
     limit_rows(grpo.evaluator.dataset, 4)
+    dpo.total_steps = 2
+    dpo.batch_size = 2
+    dpo.test_freq = 0
+    dpo.val_data = None
+    dpo.policy.worker.lr_scheduler.num_training_steps = 2
+    limit_rows(dpo.evaluator.dataset, 4)
 
 
 if __name__ == "__main__":

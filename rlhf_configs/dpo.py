@@ -42,17 +42,19 @@ def dpo_stage(
     model, data, val=None, *, loss: fdl.Config | None = None, steps: int = 200, batch_size: int = 16,
     micro_batch_size: int = 8, lr: float = 1e-6, warmup_steps: int = 10, max_length: int = 1024,
     test_freq: int = 50, save_freq: int = 0, workers: int = 1, gpus_per_worker: float = 0,
-    compute_dtype: str = "float32",
+    compute_dtype: str = "float32", evaluator: fdl.Config | None = None,
 ) -> fdl.Config[DPOTrainer]:
     """A DPO-family stage: `loss` (None: DPOLoss(beta=0.1)), AdamW + cosine schedule with warmup (lr 1e-6 is
     TRL's default for DPO), `batch_size` pairs per step in micro-batches of `micro_batch_size` pairs (a pair is
-    never split), pairs longer than `max_length` tokens on either side dropped, held-out metrics on `val`."""
+    never split), pairs longer than `max_length` tokens on either side dropped, held-out metrics on `val`.
+    `data` and `val` are files or graph nodes that build preference rows; `evaluator` (an `Evaluator`) scores the
+    trained policy's own answers on held-out prompts (e.g. by a gold rule) at each validation."""
     tokenizer = fdl.Config(load_tokenizer, model)
     loss = loss if loss is not None else fdl.Config(DPOLoss)
 
-    def dataset(path, name):
-        return fdl.Config(PreferenceDataset, rows=fdl.Config(load_preference_rows, path=path), tokenizer=tokenizer,
-                          max_length=max_length, name=name)
+    def dataset(rows, name):  # a file, or a graph node that makes the rows (e.g. from an earlier stage's samples)
+        rows = fdl.Config(load_preference_rows, path=rows) if isinstance(rows, str) else rows
+        return fdl.Config(PreferenceDataset, rows=rows, tokenizer=tokenizer, max_length=max_length, name=name)
 
     reference_free = not getattr(fdl.get_callable(loss), "requires_reference", True)
     return fdl.Config(
@@ -72,6 +74,7 @@ def dpo_stage(
         data=dataset(data, "train"),
         loss=loss,  # the same node as the objective's
         val_data=dataset(val, "val") if val is not None else None,
+        evaluator=evaluator,
         batch_size=batch_size,
         total_steps=steps,
         test_freq=test_freq,

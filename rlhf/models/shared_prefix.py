@@ -38,21 +38,12 @@ def response_logits(
     """
     r = response_length
     p = input_ids.shape[1] - r
-    prompt = torch.cat([input_ids[:, :p], attention_mask[:, :p]], dim=1)
-    unique, inverse = torch.unique(prompt, dim=0, return_inverse=True)
-    if unique.shape[0] == input_ids.shape[0] or r < 1:
+    shared = encode_prompts_once(model, input_ids, attention_mask, position_ids, r, prefix_model, logits_to_keep=1)
+    if shared is None or r < 1:
         out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                     logits_to_keep=r + 1, use_cache=False)
         return out.logits[:, :-1, :]
-    first = _first_rows(inverse, unique.shape[0])  # a row of each distinct prompt
-    cache = DynamicCache(config=getattr(prefix_model or model, "config", None))
-    owner = prefix_model or model
-    prefix = owner(
-        input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p], position_ids=position_ids[first, :p],
-        use_cache=True, logits_to_keep=1, **cache_kwargs(owner, cache),
-    )
-    cache = output_cache(prefix)
-    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...): differentiable gather
+    prefix, cache, inverse = shared
     logits = [prefix.logits[:, -1:, :][inverse]]
     if r > 1:
         suffix = model(
@@ -61,6 +52,35 @@ def response_logits(
         )
         logits.append(suffix.logits)
     return torch.cat(logits, dim=1)
+
+
+def encode_prompts_once(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,  # (B, P+R) = [left-padded prompt | right-padded response]
+    attention_mask: torch.Tensor,
+    position_ids: torch.Tensor,
+    response_length: int,  # R
+    prefix_model: torch.nn.Module | None = None,  # as `response_logits`
+    **forward_options,  # e.g. logits_to_keep=1 (a causal LM's prompt pass needs the last position only)
+) -> tuple[object, DynamicCache, torch.Tensor] | None:
+    """(the prompt pass's output over the U distinct prompts, its KV cache gathered to the B rows, inverse (B,):
+    each row's prompt index), or None when no two rows share a prompt (nothing to save). A forward of the
+    response tokens with that cache then equals the full forward's at those positions."""
+    p = input_ids.shape[1] - response_length
+    prompt = torch.cat([input_ids[:, :p], attention_mask[:, :p]], dim=1)
+    unique, inverse = torch.unique(prompt, dim=0, return_inverse=True)
+    if unique.shape[0] == input_ids.shape[0] or p < 1:
+        return None
+    first = _first_rows(inverse, unique.shape[0])  # a row of each distinct prompt
+    owner = prefix_model or model
+    cache = DynamicCache(config=getattr(owner, "config", None))
+    prefix = owner(
+        input_ids=input_ids[first, :p], attention_mask=attention_mask[first, :p], position_ids=position_ids[first, :p],
+        use_cache=True, **forward_options, **cache_kwargs(owner, cache),
+    )
+    cache = output_cache(prefix)
+    cache.batch_select_indices(inverse)  # (U, ...) -> (B, ...): differentiable gather
+    return prefix, cache, inverse
 
 
 def _first_rows(inverse: torch.Tensor, u: int) -> torch.Tensor:

@@ -34,12 +34,14 @@ from transformers import AutoModelForSequenceClassification, PreTrainedTokenizer
 from rlhf.algos import split_pairs
 from rlhf.batch import Batch
 from rlhf.data.tokenize import left_pad, position_ids
+from rlhf.models.kv_cache import cache_kwargs
 from rlhf.models.loading import ModelSource, hf_model_source, load_tokenizer, model_reference, resolve_model_path
+from rlhf.models.shared_prefix import encode_prompts_once
 from rlhf.ranges import PositiveInt
 from rlhf.signatures import with_defaults
 from rlhf.workers.adapter_save import save_merged_and_adapter
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.workers.fsdp import describe_placement, full_tensor
+from rlhf.workers.fsdp import FSDP, describe_placement, full_tensor
 from rlhf.workers.memory import (
     MemoryEstimate, Placement, Term, Workload, between_updates, dtype_bytes, estimate, forward_terms,
     frozen_model_terms, fsdp_forward_start_terms, fsdp_root_terms, largest, micro_batch, model_shape,
@@ -152,21 +154,35 @@ def score_head(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def last_token_scores(model: torch.nn.Module, head: torch.nn.Module, input_ids: torch.Tensor,
-                      attention_mask: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+                      attention_mask: torch.Tensor, position_ids: torch.Tensor, response_length: int = 0,
+                      prefix_model: torch.nn.Module | None = None) -> torch.Tensor:
     """(B,) float32: the head's output at each row's last real token (the last 1 of `attention_mask`).
 
     Read from the head's per-token output (a forward hook) rather than transformers' pooled one, which
     takes the last token whose id is not the pad id: a row ending in the pad token (SmolLM2's pad is
     its end-of-turn token) would be read one token early, and left and right padding would differ.
+    `response_length` R > 0: the rows are [left-padded prompt | right-padded response] (a preference pair's two
+    rows share their prompt), and each distinct prompt is encoded once (rlhf.models.shared_prefix; the same
+    scores up to float rounding, a pair costs one prompt instead of two); `prefix_model` as there (under DDP).
     """
     seen: list[torch.Tensor] = []
     handle = head.register_forward_hook(lambda module, args, out: seen.append(out))
     try:
-        model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-              use_cache=False)  # else the forward keeps a KV cache of every layer that nothing reads
+        shared = None
+        if response_length > 0 and bool(attention_mask[:, -response_length:].any(dim=1).all()):
+            shared = encode_prompts_once(model, input_ids, attention_mask, position_ids, response_length,
+                                         prefix_model)
+        if shared is None:
+            model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                  use_cache=False)  # else the forward keeps a KV cache of every layer that nothing reads
+        else:  # every row has a response token, so its last real token is one of the R response positions
+            p = input_ids.shape[1] - response_length
+            model(input_ids=input_ids[:, p:], attention_mask=attention_mask, position_ids=position_ids[:, p:],
+                  use_cache=True, **cache_kwargs(model, shared[1]))
+            attention_mask = attention_mask[:, p:]
     finally:
         handle.remove()
-    per_token = seen[-1][..., 0].float()  # (B, T)
+    per_token = seen[-1][..., 0].float()  # (B, T), or (B, R) after a shared prompt
     last = attention_mask.shape[1] - 1 - (attention_mask != 0).flip(1).int().argmax(dim=1)
     return per_token.gather(1, last[:, None]).squeeze(1)
 
@@ -229,6 +245,9 @@ class RewardModelWorker:
         lr_scheduler: SchedulerFactory | None = None,  # called with the optimizer; stepped per optimizer step
         dtype: DType = "float32",  # storage of trained weights: float32 (master weights)
         adapter: Callable[[torch.nn.Module], torch.nn.Module] | None = None,  # e.g. LoRA(rank=8): train an adapter
+        # a pair's prompt encoded once in training and held-out scoring; None: on except under FSDP or with
+        # gradient checkpointing (which turns off the KV cache it needs)
+        shared_prefix: bool | None = None,
     ):
         self.plan = plan_reward_model(model_path=model_path, tokenizer_path=tokenizer_path, training=training,
                                       max_length=max_length, loss=loss, dtype=dtype, adapter=adapter)
@@ -248,6 +267,12 @@ class RewardModelWorker:
         self.head = score_head(self.trainer.unwrapped())
         self.max_length = max_length
         self.stats = reward_stats(self.trainer.unwrapped().config) if normalize and loss is None else None
+        checkpointing = training.gradient_checkpointing and loss is not None
+        if shared_prefix and checkpointing:
+            raise ValueError("RewardModelWorker: shared_prefix=True needs a KV cache, which gradient_checkpointing=True "
+                             "turns off in training; set one of them to False")
+        self.shared_prefix = shared_prefix if shared_prefix is not None else not (
+            checkpointing or isinstance(self.trainer.strategy, FSDP))
 
     @classmethod
     def resolve_plan(cls, arguments: Mapping[str, Any]) -> RewardModelPlan:
@@ -304,11 +329,14 @@ class RewardModelWorker:
 
     # ------------------------------------------------------------- scoring
     def _scores(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, position_ids: torch.Tensor,
-                model: torch.nn.Module | None = None) -> torch.Tensor:
-        """(B,) scores of rows on the device, under the compute dtype's autocast."""
+                model: torch.nn.Module | None = None, response_length: int = 0) -> torch.Tensor:
+        """(B,) scores of rows on the device, under the compute dtype's autocast; `response_length` > 0: rows in
+        the prompt | response layout, whose shared prompts are encoded once where `shared_prefix` is on."""
+        model = model if model is not None else self.trainer.model
+        r = response_length if self.shared_prefix else 0
         with self.trainer.autocast():
-            return last_token_scores(model if model is not None else self.trainer.model, self.head,
-                                     input_ids, attention_mask, position_ids)
+            return last_token_scores(model, self.head, input_ids, attention_mask, position_ids, r,
+                                     prefix_model=self.trainer.unwrapped())
 
     @shard
     @torch.no_grad()
@@ -353,7 +381,7 @@ class RewardModelWorker:
         for micro in split.parts:
             micro = micro.to(self.trainer.device)
             parts.append(self._scores(micro["input_ids"], micro["attention_mask"], micro["position_ids"],
-                                      model)[:, None].cpu())
+                                      model, micro["responses"].shape[1])[:, None].cpu())
         return Batch({"rm_scores": restore_order(parts, split.order, 1)[:, 0]})
 
     # -------------------------------------------------------------- update
@@ -370,7 +398,8 @@ class RewardModelWorker:
         start = time.perf_counter()
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
-            scores = self._scores(micro["input_ids"], micro["attention_mask"], micro["position_ids"])
+            scores = self._scores(micro["input_ids"], micro["attention_mask"], micro["position_ids"],
+                                  response_length=micro["responses"].shape[1])
             chosen, rejected = split_pairs(scores)
             margin = split_pairs(micro["margin"])[0] if "margin" in micro else None
             loss, metrics = self.loss(chosen, rejected, margin, num_pairs=num_seqs / 2)

@@ -1,5 +1,5 @@
-"""The preference pipeline recipe end to end on SmolLM2: the smoke fiddler's tiny samples -> reward model -> GRPO, in
-process; the reward model's folder loads whole for RL, and GRPO logs the gold rule beside the reward model's score."""
+"""The preference pipeline recipe end to end on SmolLM2: the smoke fiddler's tiny samples -> reward model -> GRPO and
+samples -> DPO, in process; the reward model's folder loads whole for RL, and GRPO logs the gold rule beside the reward model's score."""
 
 from pathlib import Path
 
@@ -33,3 +33,6 @@ def test_smoke_runs_the_whole_pipeline(smollm2_path, tmp_path):
     records = read_records(Path(grpo["checkpoint"]).parent)
     assert all({"rule/score", "model/score"} <= set(r["reward_extra"]) for r in records)
     assert all(r["score"] == pytest.approx(r["reward_extra"]["model/score"], abs=1e-5) for r in records)  # RM only
+    dpo = results["dpo"]["metrics"]
+    assert 0.0 <= dpo[GOLD] <= 1.0  # the DPO policy's own answers, scored by the gold rule
+    assert {"rewards/margins", "rewards/accuracies"} <= set(dpo)

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSequenceClassification
 
 from helpers import tiny_model_path
+from rlhf.algos.reward_model_loss import BradleyTerryLoss
 from rlhf.batch import Batch
 from rlhf.data.preferences import PreferenceDataset, write_preference_rows
 from rlhf.models.loading import load_tokenizer
@@ -221,3 +222,32 @@ def test_preflight_refuses_pairs_that_do_not_split_over_the_workers(files, tmp_p
     with pytest.raises(PreflightError, match=r"batch_size = 3 preference pairs per step do not split evenly over 2 "
                                              r"data-parallel reward-model workers.*set:stages.rm.batch_size=4"):
         preflight(graph, ["rm"])
+
+
+def test_a_pairs_shared_prompt_encoded_once_gives_the_full_forwards_scores_and_update(files):
+    """shared_prefix (a pair's prompt through the model once, the two replies over its KV cache) scores and trains
+    as the full forward of both rows does, up to float rounding; and it is on by default (DDP, no checkpointing)."""
+    tokenizer = load_tokenizer(tiny_model_path())
+    batch = PreferenceDataset(separable_rows(8, 5), tokenizer, max_length=64).collate(range(8))
+    assert batch["responses"].shape[1] < batch["input_ids"].shape[1]
+
+    def worker(shared: bool) -> RewardModelWorker:
+        torch.manual_seed(0)
+        return RewardModelWorker(tiny_model_path(), max_length=64, loss=BradleyTerryLoss(), shared_prefix=shared,
+                                 training=TrainingSetup(micro_batch_size=16),
+                                 optimizer=functools.partial(torch.optim.SGD, lr=0.1))
+
+    once, twice = worker(True), worker(False)
+    assert once.shared_prefix and RewardModelWorker(tiny_model_path(), max_length=64, loss=BradleyTerryLoss()).shared_prefix
+    torch.testing.assert_close(once.compute_scores(batch)["rm_scores"], twice.compute_scores(batch)["rm_scores"],
+                               atol=1e-5, rtol=1e-4)
+    calls = []
+    handle = once.head.register_forward_hook(lambda module, args, out: calls.append(tuple(out.shape[:2])))
+    metrics = once.update(batch), twice.update(batch)
+    handle.remove()
+    width, r = batch["input_ids"].shape[1], batch["responses"].shape[1]
+    assert calls == [(8, width - r), (16, r)]  # the prompt pass: one row per pair; the replies over its cache
+    assert metrics[0]["rm/loss"] == pytest.approx(metrics[1]["rm/loss"], rel=1e-5)
+    after = once.parameters_digest(), twice.parameters_digest()
+    for k in after[0]:
+        torch.testing.assert_close(after[0][k], after[1][k], atol=1e-6, rtol=1e-5)
