@@ -174,7 +174,8 @@ def measure(point: dict, rank: int) -> dict[str, dict[str, float]]:
         peak("policy", "update", lambda: policy.update(batch))
         if step == 0:
             out["policy"] = {}
-    policy = None  # frees the actor and reference before the critic is built
+    policy = None  # frees the actor and reference before the critic is built: the worker sits in reference
+    release()  # cycles, so only a collection frees it (else its memory is counted in the critic's peaks)
     critic = CriticWorker(**args["critic"])
     batch["returns"] = torch.randn(len(batch), RESPONSE_TOKENS, generator=g)
     for step in range(2):
@@ -183,10 +184,22 @@ def measure(point: dict, rank: int) -> dict[str, dict[str, float]]:
         if step == 0:
             out["critic"] = {}
     critic = None
+    release()
     scorer = RewardModelWorker(**args["reward_model"])
     conversations = [list(map(int, row)) for row in batch["input_ids"]]
     peak("reward_model", "score (no grad)", lambda: scorer.score_ids(conversations))
     return out
+
+
+def release() -> None:
+    """Free a dropped worker now: its model lives in reference cycles that only the cyclic collector frees."""
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def run_point(point: dict) -> dict[str, dict[str, float]]:

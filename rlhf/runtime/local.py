@@ -6,6 +6,7 @@ workers are still rebuilt from the Plan's fiddle JSON, exactly as a Ray actor do
 
 from __future__ import annotations
 
+import gc
 import warnings
 from collections.abc import Sequence
 from typing import Any
@@ -51,9 +52,16 @@ class LocalRuntime:
         return groups
 
     def stop_groups(self) -> None:
+        """Drop every group's worker and free its memory now. A worker's model is held in reference cycles
+        (module hooks, FSDP state, the engine's back-references), which only the cyclic collector frees: without
+        the collection, a finished stage's weights, gradients and optimizer state could still occupy the device
+        while the next stage builds its own."""
         for g in self._groups:
             g.shutdown()
         self._groups = []
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
     def shutdown(self) -> None:
         self.stop_groups()
