@@ -268,7 +268,7 @@ def run_trl(spec: dict, t0: float) -> dict:
 
     out_dir = tempfile.mkdtemp(prefix="bench-pref-trl-")
     try:
-        # a cache folder of this run's own: every run tokenises afresh, as ours does... (see preference_vs_trl)
+        # a datasets cache of this run's own, so no run reads another's (the set-up time is reported, not ratioed)
         dataset = datasets.load_dataset("json", data_files=spec["data"], split="train",
                                         cache_dir=str(Path(out_dir) / "datasets"))
         common = dict(
