@@ -37,7 +37,7 @@ def _role(proc: psutil.Process) -> str:
         return "ray:worker"
     if "ray" in cmd and ("dashboard" in cmd or "log_monitor" in cmd or "runtime_env" in cmd or "monitor" in cmd):
         return "ray:daemon"
-    return "driver" if "grpo_vs_trl" in cmd else f"other:{name}"
+    return "driver" if "_vs_trl" in cmd else f"other:{name}"
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -316,6 +316,9 @@ class PhaseClock:
 
 def run_trl(w: Workload, checkpoint: str, steps: int, t0: float) -> dict:
     _threads()
+    from bench_peer import use_trl
+
+    use_trl()  # an extracted wheel on $RLHF_TRL_PATH where TRL is not installed
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, TrainerCallback

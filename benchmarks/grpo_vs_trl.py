@@ -51,6 +51,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
+from bench_peer import ratio_spread  # noqa: E402
 from bench_procs import load_average, machine_info, run_child  # noqa: E402
 from bench_workloads import SIZES, Workload  # noqa: E402
 
@@ -291,14 +292,9 @@ def summarise(runs: list[dict], workloads: list[Workload], frameworks: list[str]
                     mine = [(trl[r["rep"]], run_figures(r, discard)) for r in kept if r["framework"] == fw and r["rep"] in trl]
                     ratios = [a["step_s"] / b["step_s"] for a, b in mine]
                     cpu_ratios = [a["cpu_s"] / b["cpu_s"] for a, b in mine if a["cpu_s"] and b["cpu_s"]]
-                    if ratios:
-                        row[fw]["speedup_per_rep"] = [round(x, 3) for x in ratios]
-                        row[fw]["speedup_median"] = statistics.median(ratios)
-                        row[fw]["speedup_range"] = [min(ratios), max(ratios)]
-                    if cpu_ratios:  # CPU seconds: what contention on a shared machine changes least
-                        row[fw]["cpu_speedup_per_rep"] = [round(x, 3) for x in cpu_ratios]
-                        row[fw]["cpu_speedup_median"] = statistics.median(cpu_ratios)
-                        row[fw]["cpu_speedup_range"] = [min(cpu_ratios), max(cpu_ratios)]
+                    row[fw].update(ratio_spread(ratios, "speedup"))
+                    # CPU seconds: what contention on a shared machine changes least
+                    row[fw].update(ratio_spread(cpu_ratios, "cpu_speedup"))
         summary[w.name] = row
     return summary
 

@@ -8,7 +8,8 @@ and rejected side by side: rlhf.data.preferences), the objective (`DPOObjective`
 before the first step, by the policy group's own reference (a frozen model, or the LoRA base with the
 adapter disabled; sharded like the actor under FSDP2), and kept in the stage folder
 (`reference_logps/`), so a resumed stage reads them instead of computing them again and each step runs
-no reference forward. A reference-free loss (SimPO) computes none.
+no reference forward; the policy group then lets its frozen reference model go (`release_reference`), so
+training holds no second model. A reference-free loss (SimPO) computes none.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ class DPOTrainer(SFTTrainer):
     def run(self, ctx: StageContext) -> dict:
         if self.loss.requires_reference and self.cache_reference:
             self.reference = self.reference_log_probs(Path(ctx.out_dir) / REFERENCE_DIR)
+            # every step and validation reads the cache: the frozen copy's memory goes to training instead
+            self.policy.release_reference()
         return super().run(ctx)
 
     # ------------------------------------------------------------ reference

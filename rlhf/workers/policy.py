@@ -19,6 +19,7 @@ an adapter's merged-and-alone save in `rlhf.workers.adapter_save`."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -109,6 +110,7 @@ class PolicyWorker(PublishesWeights):
         if adapter is not None:  # (FSDP builds the module without a path, so PEFT could not know it)
             set_base_model(self.trainer.unwrapped(), self.base_model)
         self.ref_model = None
+        self.reference_released = False  # release_reference() let the frozen reference go
         self.ref_is_base = self.plan.reference_is_base
         if self.plan.reference_model:
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
@@ -272,6 +274,12 @@ class PolicyWorker(PublishesWeights):
             self.trainer.model.eval()
             with self.trainer.unwrapped().disable_adapter():
                 return self._log_probs_batched(self.trainer.model, batch, "ref_log_probs")
+        if self.ref_model is None and self.reference_released:
+            raise RuntimeError(
+                "the reference log-probs were asked for after release_reference() let this worker's reference "
+                "model go (a DPO stage does so once it has cached every pair's reference log-probs); compute what "
+                "needs the reference before releasing it, or do not release it."
+            )
         if self.ref_model is None:
             raise RuntimeError(
                 "compute_ref_log_probs was called but this policy worker has no reference model; "
@@ -419,6 +427,19 @@ class PolicyWorker(PublishesWeights):
             models["teacher"] = self.teacher_model
         held = {name: local_parameter_bytes(model) for name, model in models.items()}
         return held | ({"reference": 0} if self.ref_is_base else {})
+
+    @on_all_ranks
+    def release_reference(self) -> int:
+        """Let the frozen reference model go, for a caller that needs it no more (the DPO stage, once every
+        pair's reference log-probs are cached): its memory goes back for training, as TRL's DPO with
+        precomputed reference log-probs holds no reference model. Returns the bytes of parameters freed on this
+        rank (0 where it held no copy of its own: no reference, or the actor's base with its adapter disabled)."""
+        if self.ref_model is None:
+            return 0
+        freed = local_parameter_bytes(self.ref_model)
+        self.ref_model, self.reference_released = None, True
+        gc.collect()  # the module's parameters are freed now, not at the next collection of a reference cycle
+        return freed
 
     @on_all_ranks
     def weights_finite(self) -> bool:

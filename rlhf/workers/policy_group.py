@@ -47,6 +47,10 @@ class PolicyGroup(Protocol):
         """`PolicyWorker.compute_ref_log_probs`: `ref_log_probs` (B,T)."""
         ...
 
+    def release_reference(self) -> list[int]:
+        """`PolicyWorker.release_reference` on every rank: the bytes each freed."""
+        ...
+
     def compute_teacher_log_probs(self, batch: Batch) -> Batch:
         """`PolicyWorker.compute_teacher_log_probs`: `teacher_log_probs` (B,T) (and the teacher's top-k columns)."""
         ...

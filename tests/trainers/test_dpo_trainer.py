@@ -92,7 +92,7 @@ def train(data, val, steps, out, save_freq=0, resume=False, cache=True):
                              test_freq=2, save_freq=save_freq, cache_reference=cache)
         trainer.run(StageContext(out_dir=out, log=lambda m, s: logged.setdefault(s, {}).update(m), progress=False,
                                  resume=resume))
-        return logged, policy.parameters_digest()[0]
+        return logged, policy.parameters_digest()[0], policy.parameter_bytes()[0]
     finally:
         runtime.shutdown()
 
@@ -100,19 +100,34 @@ def train(data, val, steps, out, save_freq=0, resume=False, cache=True):
 def test_resumed_run_matches_uninterrupted_run_and_reads_the_cached_reference(tmp_path):
     tokenizer = load_tokenizer(tiny_model_path())
     data, val = PreferenceDataset(separable(10, 2), tokenizer), PreferenceDataset(separable(4, 3), tokenizer)
-    full, want = train(data, val, 4, tmp_path / "full")
+    full, want, held = train(data, val, 4, tmp_path / "full")
+    assert "reference" not in held  # the cache serves every step: the frozen copy was let go before them
     train(data, val, 2, tmp_path / "cut", save_freq=1)
     stamp = (tmp_path / "cut" / REFERENCE_DIR / "logps.pt").stat().st_mtime_ns
-    resumed, got = train(data, val, 4, tmp_path / "cut", save_freq=1, resume=True)
+    resumed, got, _ = train(data, val, 4, tmp_path / "cut", save_freq=1, resume=True)
     assert (tmp_path / "cut" / REFERENCE_DIR / "logps.pt").stat().st_mtime_ns == stamp  # read, not recomputed
     untimed = lambda m: {k: v for k, v in m.items() if not k.startswith("timing_s/")}  # noqa: E731
     assert list(resumed) == [3, 4] and untimed(resumed[4]) == untimed(full[4])
     for k in want:
         assert torch.equal(got[k], want[k]), k
     # without the cache the worker computes the same reference each step: the same training, to float noise
-    uncached, _ = train(data, val, 4, tmp_path / "uncached", cache=False)
+    uncached, _, held = train(data, val, 4, tmp_path / "uncached", cache=False)
     assert uncached[4]["val/rewards/margins"] == pytest.approx(full[4]["val/rewards/margins"], rel=1e-4)
+    assert held["reference"] > 0  # kept: each step's forward needs it
     assert not (tmp_path / "uncached" / REFERENCE_DIR).exists()
+
+
+def test_release_reference_frees_the_frozen_copy_and_a_later_call_says_why_it_fails():
+    runtime, policy = start_policy(fdl.Config(DPOLoss))
+    try:
+        batch = PreferenceDataset(separable(2, 5), load_tokenizer(tiny_model_path())).collate(range(2))
+        held = policy.parameter_bytes()[0]["reference"]
+        assert held > 0 and policy.release_reference() == [held]
+        assert "reference" not in policy.parameter_bytes()[0] and policy.release_reference() == [0]
+        with pytest.raises(RuntimeError, match=r"after release_reference\(\) let this worker's reference model go"):
+            policy.compute_ref_log_probs(batch)
+    finally:
+        runtime.shutdown()
 
 
 @pytest.mark.slow
