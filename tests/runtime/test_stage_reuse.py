@@ -59,10 +59,9 @@ def test_a_reused_stage_whose_folder_was_deleted_runs_again(tmp_path):
     assert "reused_from" not in run_experiment(graph)["train"]
 
 
-@pytest.mark.slow
 def test_a_sweep_over_a_grpo_setting_trains_sft_once_on_the_tiny_model(tmp_path):
     """arithmetic_tiny (SFT -> GRPO -> eval), its smoke size cut further: two members differ in GRPO's learning
-    rate only and share one SFT; a third changes SFT's and trains its own."""
+    rate only and share one SFT; a third changes SFT's and trains its own (12 s)."""
     module = load_file("experiments/arithmetic_tiny.py")
     graph = module.base()
     module.smoke(graph)
