@@ -20,7 +20,11 @@ checked before any runs. Each member's runs share the experiment (Aim experiment
 params `sweep.id`, `sweep.name`, `sweep.index`, `sweep.size`, `sweep.label` and `sweep.overrides`
 (the member's overrides, nested by path, so Aim groups runs by
 `run.params.sweep.overrides.stages.grpo.policy.worker.optimizer.lr`), and the tag `sweep.id`.
-A member's checkpoints go to `<output_dir>/sweeps/<sweep id>/<index>/`.
+A member's checkpoints go to `<output_dir>/sweeps/<sweep id>/<index>/`. Members share one index of
+finished upstream stages (`reuse_dir`: the base output folder, `rlhf.runtime.stage_reuse`): a member
+whose SFT stage has the graph and data of one that finished, in this sweep or an earlier run there,
+takes its checkpoint instead of training it again (members run one after another; parallel members
+that start together each run their own).
 
 Members run one after another in this process, or `--sweep_parallel N` at a time, each in its
 own Python process that rebuilds the member's graph from its fiddle JSON (the lineage format;
@@ -127,8 +131,10 @@ def expand(
                     "{path: value} or a fiddler (a function of the graph)"
                 )
             if isinstance(graph, fdl.Buildable) and "output_dir" in graph.__signature_info__.parameters:
-                base_dir = fdl.ordered_arguments(graph, include_defaults=True)["output_dir"]
-                graph.output_dir = str(Path(base_dir) / "sweeps" / sweep_id / str(index))
+                arguments = fdl.ordered_arguments(graph, include_defaults=True)
+                graph.output_dir = str(Path(arguments["output_dir"]) / "sweeps" / sweep_id / str(index))
+                if "reuse_dir" in arguments and arguments["reuse_dir"] is None:  # members share finished stages
+                    graph.reuse_dir = arguments["output_dir"]
         label = _label(overrides)
         params = {
             "sweep": {

@@ -39,6 +39,22 @@ def rollout_engine(name: str, dtype: str, max_model_len: int):
     return vllm if engine_class(name) is VLLMEngine else hf
 
 
+def fit_engine_context(graph: fdl.Config) -> fdl.Config:
+    """Raise each GenerationStage's vLLM context (`max_model_len`, where its engine node sets one) to the
+    stage's prompt + response limit, after the command line changed them (`--max-new-tokens`, `set:`): a
+    shorter context would refuse the longest prompts with their responses; a longer one set on purpose stays."""
+    for stage in graph.stages.values():
+        generation = stage if fdl.get_callable(stage) is GenerationStage else getattr(stage, "generation", None)
+        if generation is None:
+            continue
+        engine = generation.policy.worker.engine
+        engine = engine.vllm if fdl.get_callable(engine) is AutoEngine else engine
+        if fdl.get_callable(engine) is VLLMEngine and "max_model_len" in engine.__arguments__:
+            need = generation.dataset.max_prompt_length + generation.sampling.max_new_tokens
+            engine.max_model_len = max(engine.max_model_len or 0, need)
+    return graph
+
+
 def reward_manager(scorer: Scorer | None = None, scorers: dict[str, Scorer] | None = None) -> fdl.Config:
     """The reward of `rlhf eval`/`generate`: each data_source's built-in scorer (rlhf.rewards.RULES), `scorers`
     (data_source -> scorer) over them; `scorer` scores every data_source `scorers` does not name instead."""

@@ -50,6 +50,7 @@ FUNCTION_LEVEL: dict[str, str] = {
     "rlhf.cli.sft": "`rlhf sft --help` answers without the graph, torch and the runtimes (8 s of CPU)",
     "rlhf.cli.rm": "`rlhf rm --help` answers without the graph, torch and the runtimes",
     "rlhf.cli.generate_eval": "`rlhf generate|eval|probe --help` answer without the graphs, torch and the runtimes",
+    "rlhf.cli.graph_flags": "the knob flags' `--help` answers without fiddle (the overrides) and the graphs",
     "rlhf.cli.rollouts": "`rlhf rollouts --help` answers without torch, and `show` without textual (`view`'s)",
     "rlhf.runtime.ray_runtime": "a Ray actor sets its torch.distributed environment before importing torch",
     "rlhf.tracking.ui": "aim (~3 s) only when a sweep link is made, not to start `aim up` or encode URLs",

@@ -15,7 +15,8 @@ parse their own, beside what they run: `rlhf serve` (`rlhf.serve.server`) and `r
 - `sft`: `rlhf sft`; `dpo`: `rlhf dpo`; `rm`: `rlhf rm` (a reward model on preference pairs); `generate_eval`:
   `rlhf generate`, `rlhf eval` and `rlhf probe` (their checks before
   a model loads: `job_inputs`). Their flags' defaults are the graph builders', read from the builders'
-  source (`source_defaults`), so `--help` imports neither torch nor the runtimes.
+  source (`source_defaults`), so `--help` imports neither torch nor the runtimes; `graph_flags`: the knob
+  flags of `sft|generate|eval|probe` as aliases of `set:` overrides on the shipped graph.
 - `rollouts`: `rlhf rollouts show|view`; `data`: `rlhf data prepare` (`prepare_preferences`: its `preferences`
   task, which samples a model).
 - `signals`: Ctrl-C and SIGTERM for processes started with SIGINT ignored.

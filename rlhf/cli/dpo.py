@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from rlhf.cli.sft import add_run_flags
+from rlhf.cli.graph_flags import apply_graph_flags, split_overrides
 from rlhf.cli.source_defaults import source_defaults
 
 __all__ = ["dpo_main", "dpo_parser"]
@@ -67,6 +68,7 @@ def loss_options(a: argparse.Namespace) -> dict:
 def dpo_main(argv: Sequence[str]) -> int:
     """Parse, build the graph (`dpo_experiment`, then the LoRA fiddler), run, print results."""
     p = dpo_parser()
+    argv, overrides = split_overrides(argv)
     a = p.parse_args(argv)
     if a.lora_alpha is not None and a.lora_rank is None:
         p.error("--lora-alpha needs --lora-rank")
@@ -88,6 +90,7 @@ def dpo_main(argv: Sequence[str]) -> int:
     )
     if a.lora_rank is not None:  # the same fiddler as `--config fiddler:lora(rank=...)` on any recipe
         lora(graph, rank=a.lora_rank, **({"alpha": a.lora_alpha} if a.lora_alpha is not None else {}))
+    graph = apply_graph_flags(p, graph, a, (), overrides)  # the command line's set:/fiddler: words
     try:
         result = run_experiment(graph)["dpo"]
     except PreflightError as err:

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from rlhf.argtypes import POSITIVE, number
+from rlhf.cli.graph_flags import apply_graph_flags, split_overrides
 from rlhf.cli.source_defaults import source_defaults
 
 __all__ = ["rm_main", "rm_parser"]
@@ -63,6 +64,7 @@ def rm_parser() -> argparse.ArgumentParser:
 def rm_main(argv: Sequence[str]) -> int:
     """Parse, build the graph (`rm_experiment`), run, print the folder, the reward statistics and held-out metrics."""
     p = rm_parser()
+    argv, overrides = split_overrides(argv)
     a = p.parse_args(argv)
     if a.lora_alpha is not None and a.lora_rank is None:
         p.error("--lora-alpha needs --lora-rank")
@@ -81,6 +83,7 @@ def rm_main(argv: Sequence[str]) -> int:
     )
     if a.lora_rank is not None:  # the same fiddler as `--config fiddler:lora(rank=...)` on any recipe
         lora(graph, rank=a.lora_rank, **({"alpha": a.lora_alpha} if a.lora_alpha is not None else {}))
+    graph = apply_graph_flags(p, graph, a, (), overrides)  # the command line's set:/fiddler: words
     try:
         result = run_experiment(graph)["rm"]
     except PreflightError as err:

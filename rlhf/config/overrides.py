@@ -15,7 +15,7 @@ import difflib
 import inspect
 import shlex
 import types
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import fiddle as fdl
@@ -25,9 +25,11 @@ from rlhf.config.provenance import labelled
 
 __all__ = [
     "OverrideError",
+    "apply_commands",
     "apply_overrides",
     "apply_set",
     "did_you_mean",
+    "is_set",
     "named_functions",
     "parse_call",
     "parse_path",
@@ -177,15 +179,19 @@ def apply_overrides(
         )
     if not commands or not commands[0].startswith(("config:",)):
         commands.insert(0, f"config:{default_config}")
-    graph, fiddlers = None, []
+    name, kwargs = parse_call(commands[0].partition(":")[2], "config")
+    if name not in functions:
+        raise OverrideError(f"no config function {name!r}." + did_you_mean(name, functions))
+    return apply_commands(functions[name](**kwargs), commands[1:], functions)
+
+
+def apply_commands(graph: Any, commands: Sequence[str], functions: Mapping[str, Callable]) -> tuple[Any, list[str]]:
+    """Apply `fiddler:` and `set:` commands, in order, to a graph already built; `functions` holds the
+    fiddlers by name (`named_functions`). Returns (graph, the fiddlers applied by name)."""
+    fiddlers = []
     for command in commands:
         kind, _, body = command.partition(":")
-        if kind == "config":
-            name, kwargs = parse_call(body, kind)
-            if name not in functions:
-                raise OverrideError(f"no config function {name!r}." + did_you_mean(name, functions))
-            graph = functions[name](**kwargs)
-        elif kind == "fiddler":
+        if kind == "fiddler":
             name, kwargs = parse_call(body, kind)
             if name not in functions:
                 raise OverrideError(f"no fiddler {name!r}." + did_you_mean(name, functions))
@@ -200,3 +206,19 @@ def apply_overrides(
                 f"unknown override {command!r}: use config:NAME(...), fiddler:NAME(...) or set:PATH=VALUE"
             )
     return graph, fiddlers
+
+
+def is_set(graph: Any, path: str) -> bool:
+    """Whether the graph sets a value at `path` (every node on the way exists and the last one's argument is
+    given explicitly, not left to its default): for overrides that apply only where a graph has the field."""
+    keys = parse_path(path)
+    node, where = graph, ""
+    try:
+        for key in keys[:-1]:
+            node = _child(node, key, where)
+            where = f"{where}.{key}" if where else str(key)
+    except OverrideError:
+        return False
+    if isinstance(node, fdl.Buildable):
+        return keys[-1] in node.__arguments__
+    return isinstance(node, dict) and keys[-1] in node

@@ -29,6 +29,7 @@ from rlhf.runtime.plan import bind_groups, compile_graph
 from rlhf.runtime.preflight import preflight
 from rlhf.runtime.run_lock import run_folder_lock
 from rlhf.runtime.run_record import RunRecord
+from rlhf.runtime.stage_reuse import FinishedStages, upstream_stages
 from rlhf.runtime.stages import resolve_stage_outputs, stage_references
 from rlhf.tracking.lineage import lineage_params
 from rlhf.trainers.context import StageContext
@@ -47,6 +48,10 @@ class Experiment:
     output_dir: str = "outputs"  # checkpoints go to <output_dir>/<name>/<run_name or timestamp>/<stage>
     progress: bool = True  # progress bars on the console
     run_name: str | None = None  # a stable output folder: rerunning the same command resumes it
+    # a stage a later stage starts from is taken from an earlier run when one finished with the same graph and
+    # data (rlhf.runtime.stage_reuse), e.g. the SFT stage of every member of a sweep over a GRPO setting
+    reuse_upstream: bool = True
+    reuse_dir: str | None = None  # where finished upstream stages are indexed; None: output_dir (a sweep: its base)
 
 
 class _NoRun:
@@ -115,11 +120,17 @@ def _run_stages(graph, selected, out_root, resumable, run_label, *, overrides, f
         tracker = fdl.build(graph.tracker) if graph.tracker is not None else None
         experiment_hash = graph_hash(graph)
         results: dict[str, dict[str, Any]] = {}
+        finished, upstream = _reuse(graph)
         try:
             for stage_name in selected:
                 stage_dir = out_root / stage_name
                 if record is not None and (done := record.finished_result(graph, stage_name)) is not None:
                     results[stage_name] = done  # finished earlier, by this graph on these data
+                    continue
+                if stage_name in upstream and (done := finished.find(graph, stage_name)) is not None:
+                    print(f"stage {stage_name!r}: reusing the finished run in {done['reused_from']} (same graph "
+                          f"and data; Aim run {done.get('run_hash') or '-'})", flush=True)
+                    results[stage_name] = done
                     continue
                 invocations = record.start_stage(graph, stage_name, invocation) if record is not None else []
                 results[stage_name] = _run_stage(
@@ -129,9 +140,18 @@ def _run_stages(graph, selected, out_root, resumable, run_label, *, overrides, f
                 )
                 if record is not None:
                     record.write_result(stage_name, results[stage_name])
+                if stage_name in upstream:
+                    finished.add(graph, stage_name, stage_dir, results[stage_name])
         finally:
             runtime.shutdown()
     return results
+
+
+def _reuse(graph) -> tuple[FinishedStages | None, set[str]]:
+    """The index of finished stages this graph shares, and its stages that may be taken from it."""
+    if not graph.reuse_upstream:
+        return None, set()
+    return FinishedStages(graph.reuse_dir or graph.output_dir), upstream_stages(graph)
 
 
 class Terminated(KeyboardInterrupt):
@@ -189,6 +209,9 @@ def _run_stage(graph, stage_name, stage_dir, results, runtime, tracker, experime
     with run:
         if invocations:
             run.set_params({"invocations": invocations})
+        reused = {r.stage: results[r.stage]["reused_from"] for r in refs if "reused_from" in results.get(r.stage, {})}
+        if reused:  # its parent run is the reused one; where it ran, too
+            run.set_params({"reused_stages": reused})
         if resumable and run.hash:
             _write_json(stage_dir / _RUN, {"run_hash": run.hash})
         groups = runtime.start_groups(plan)

@@ -180,4 +180,4 @@ def test_rlhf_probe_scores_reasoning_gym_rows_with_the_default_scorers(tmp_path,
     assert report["lenient_reported"] and report["format_rate"] is not None  # reasoning_gym_score's extras
     assert report["by_source"]["reasoning_gym/leg_counting"]["rows"] == 3
     line = fails(["probe", MISSING_MODEL, "--data", data, "--budgets", "8,x"], capsys)
-    assert "--budgets must be comma-separated integers, got '8,x'" in line
+    assert "argument --budgets: expected comma-separated integers, got '8,x'" in line
