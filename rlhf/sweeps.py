@@ -135,6 +135,8 @@ def expand(
                 graph.output_dir = str(Path(arguments["output_dir"]) / "sweeps" / sweep_id / str(index))
                 if "reuse_dir" in arguments and arguments["reuse_dir"] is None:  # members share finished stages
                     graph.reuse_dir = arguments["output_dir"]
+                if arguments.get("reuse_upstream", False) is None:
+                    graph.reuse_upstream = True
         label = _label(overrides)
         params = {
             "sweep": {

@@ -49,8 +49,9 @@ class Experiment:
     progress: bool = True  # progress bars on the console
     run_name: str | None = None  # a stable output folder: rerunning the same command resumes it
     # a stage a later stage starts from is taken from an earlier run when one finished with the same graph and
-    # data (rlhf.runtime.stage_reuse), e.g. the SFT stage of every member of a sweep over a GRPO setting
-    reuse_upstream: bool = True
+    # data (rlhf.runtime.stage_reuse), e.g. the SFT stage of every member of a sweep over a GRPO setting;
+    # None: on for the members of a sweep, off for a single run (a rerun of one command trains every stage again)
+    reuse_upstream: bool | None = None
     reuse_dir: str | None = None  # where finished upstream stages are indexed; None: output_dir (a sweep: its base)
 
 

@@ -9,7 +9,8 @@ folder), by its identity: the stage graph's hash and its data files' contents
 identities of the stages it starts from in turn. A later run (another member, or the same command
 again) whose upstream stage has that identity takes the indexed result (checkpoint, metrics, Aim
 run) instead of running it, says so, and its next stage's run names the reused run as its parent.
-The last stage of a graph always runs; `Experiment.reuse_upstream=False` turns reuse off.
+The last stage of a graph always runs. `Experiment.reuse_upstream`: None (the default) reuses in the members of
+a sweep only; True also across single runs in one output folder; False never.
 """
 
 from __future__ import annotations

@@ -37,21 +37,25 @@ def test_a_sweep_over_the_downstream_stage_runs_the_upstream_stage_once(tmp_path
     assert runs[1, "read"]["params"]["reused_stages"] == {"train": second["train"]["reused_from"]}
 
 
-def test_a_later_run_in_the_same_folder_reuses_it_and_the_last_stage_always_runs(tmp_path):
+def test_a_later_run_in_the_same_folder_reuses_it_when_asked_and_the_last_stage_always_runs(tmp_path):
     graph = toy.base(output_dir=str(tmp_path / "out"))
     graph.tracker = None
     run_experiment(graph)
+    assert "reused_from" not in run_experiment(graph)["train"]  # a single run: off unless asked
+    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 2
+    graph.reuse_upstream = True
     again = run_experiment(graph)
     assert "reused_from" in again["train"] and again["read"]["metrics"]["toy/read"] == pytest.approx(0.1)
-    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 1
+    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 2
     graph.reuse_upstream = False  # off: it runs again
     assert "reused_from" not in run_experiment(graph)["train"]
-    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 2
+    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 3
 
 
 def test_a_reused_stage_whose_folder_was_deleted_runs_again(tmp_path):
     graph = toy.base(output_dir=str(tmp_path / "out"))
     graph.tracker = None
+    graph.reuse_upstream = True
     first = run_experiment(graph)
     for path in Path(first["train"]["checkpoint"]).parent.iterdir():
         path.unlink()
