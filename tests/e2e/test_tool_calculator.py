@@ -53,6 +53,7 @@ def test_tool_calculator_smoke(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_tool_calculator_one_step_off_through_ray(tmp_path):
     """The multi-turn recipe with asynchronous rollout (`fiddler:one_step_off`) through Ray: the rollout group
     runs the agent loop, every turn of batch k with the weights of version max(0, k-2). Only the stages GRPO

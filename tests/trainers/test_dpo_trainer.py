@@ -147,6 +147,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, files):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_two_fsdp_ranks_on_ray_equal_one_rank(files):
     from rlhf.runtime.ray_runtime import RayRuntime
 
