@@ -1,6 +1,7 @@
 """Test-wide settings: one torch thread (the machine is shared), offline hub, seeded hypothesis."""
 
 import os
+import types
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -99,3 +100,49 @@ def toy_sweep(tmp_path_factory):
     repo, out = str(root / "aim"), str(root / "out")
     results = rlhf.sweep(toy.base(repo=repo, output_dir=out), toy.lr_sweep(), name="lr_sweep")
     return results, repo, out
+
+
+class SharedRayCluster:
+    """One local Ray cluster (3 CPUs, started as RayRuntime starts its own) for the tests that use Ray only
+    to run their workers: a RayRuntime made while this process is connected joins it and leaves it up
+    (`RayRuntime._init`), so each such test saves starting and stopping a cluster (~5 s, more on a loaded
+    machine). It stays up until the session ends or a test that checks a cluster of its own stops it."""
+
+    def __init__(self):
+        self.runtime = None
+
+    def start(self) -> None:
+        import ray
+
+        from rlhf.runtime.ray_runtime import RayRuntime
+
+        if self.runtime is None:
+            assert not ray.is_initialized(), "a test left a Ray connection behind: shut it down in the test"
+            runtime = RayRuntime(num_cpus=3)  # 3: a 2-rank policy beside a rollout worker (async tests)
+            runtime._init(types.SimpleNamespace(groups={}))  # the runtime's own ray.init, without a plan
+            self.runtime = runtime
+
+    def stop(self) -> None:
+        if self.runtime is not None:
+            runtime, self.runtime = self.runtime, None
+            runtime.shutdown()
+
+
+@pytest.fixture(scope="session")
+def shared_ray():
+    """The session's `SharedRayCluster` (module fixtures call `.start()`; tests use `ray_cluster`)."""
+    cluster = SharedRayCluster()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture
+def ray_cluster(shared_ray):
+    """Ray only as the vehicle: the test's RayRuntime joins the session's local cluster."""
+    shared_ray.start()
+
+
+@pytest.fixture
+def own_ray_cluster(shared_ray):
+    """The test starts and checks a cluster of its own (its settings, its nodes): the shared one stops first."""
+    shared_ray.stop()

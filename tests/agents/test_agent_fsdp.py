@@ -41,6 +41,7 @@ def plan(model: str, num_workers: int):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_two_fsdp_ranks_run_multi_turn_rollouts_like_one(eos_model):
     tok = load_tokenizer(eos_model)
     agent = AgentRollout(environment=RaggedEnvironment, tokenizer=tok, max_turns=3, max_response_tokens=64)

@@ -26,6 +26,7 @@ def smoke_graph(tmp_path, *fiddlers):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_grpo_through_ray_with_two_workers_and_aim_lineage(tmp_path):
     graph = smoke_graph(tmp_path, lambda g: common.workers(g, n=2))
     results = run_experiment(graph)
@@ -45,6 +46,7 @@ def test_grpo_through_ray_with_two_workers_and_aim_lineage(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_local_and_ray_give_the_same_losses(tmp_path):
     local = run_experiment(smoke_graph(tmp_path / "local", common.local, common.no_tracking), stages=["sft", "grpo"])
     ray = run_experiment(smoke_graph(tmp_path / "ray", common.no_tracking), stages=["sft", "grpo"])

@@ -10,12 +10,28 @@ import pytest
 
 from rlhf.trainers.async_rollout import QUEUE_FOLDER, read_rollouts
 from rlhf.trainers.records import read_records
-from test_kill_and_resume import STAGE, finish, job, kill
+from test_kill_and_resume import STAGE, finish, job, killed_at, start_killed
+
+KILLS = {"streaming": (4, "after_checkpoint", "async=streaming", "agent"), "sync": (3, "mid_step", "agent")}
+
+
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """Both tests' jobs to kill, started together (one thread each): {name: (process, folder, kill step)}."""
+    jobs = {}
+    for name, (kill_at, *how) in KILLS.items():
+        tmp = tmp_path_factory.mktemp(name)
+        jobs[name] = (start_killed(tmp, kill_at, *how), tmp, kill_at)
+    yield jobs
+    for proc, *_ in jobs.values():
+        if proc.poll() is None:  # its test did not run
+            proc.kill()
+            proc.communicate()
 
 
 @pytest.mark.slow
-def test_a_killed_streaming_agent_program_run_trains_first_on_the_queued_attempts(tmp_path):
-    out, aim = kill(tmp_path, 4, "after_checkpoint", "async=streaming", "agent")
+def test_a_killed_streaming_agent_program_run_trains_first_on_the_queued_attempts(killed):
+    out, aim = killed_at(*killed["streaming"])
     checkpoint = out / STAGE / "checkpoints" / "step_00000004"
     state = json.loads((checkpoint / "trainer_state.json").read_text())["async_rollout"]
     queued = read_rollouts(checkpoint / QUEUE_FOLDER)
@@ -34,8 +50,8 @@ def test_a_killed_streaming_agent_program_run_trains_first_on_the_queued_attempt
 
 
 @pytest.mark.slow
-def test_a_synchronous_agent_program_run_killed_mid_step_resumes(tmp_path):
-    out, aim = kill(tmp_path, 3, "mid_step", "agent")
+def test_a_synchronous_agent_program_run_killed_mid_step_resumes(killed):
+    out, aim = killed_at(*killed["sync"])
     finish(job(out, aim, "agent"))
     rows = read_records(out / STAGE)
     assert sorted({r["step"] for r in rows}) == list(range(1, 9)) and len(rows) == 8 * 16

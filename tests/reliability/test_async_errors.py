@@ -34,6 +34,7 @@ def test_a_strict_scorer_failure_is_one_line_in_sync_and_async_rollout(tiny, tmp
 
 @pytest.mark.slow
 @pytest.mark.timeout(180, method="thread")
+@pytest.mark.usefixtures("ray_cluster")
 def test_a_dead_ray_worker_is_named_with_where_to_look():
     """A worker process that died (here: SIGKILL, as the OOM killer does) ends the next call with an error
     naming the group, the rank, the method and where its log is; it was a bare `ActorDiedError()`."""

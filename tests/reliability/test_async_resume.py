@@ -19,9 +19,10 @@ from test_kill_and_resume import STAGE, finish, job, kill, logged, weights
 @pytest.mark.parametrize("mode", ["one_step_off", "fixed_lag_2"])
 def test_a_killed_fixed_lag_run_resumes_bit_identically(tmp_path, mode):
     reference = tmp_path / "ref"
-    finish(job(reference / "out", reference / "aim", f"async={mode}"))
+    uninterrupted = job(reference / "out", reference / "aim", f"async={mode}")  # beside the job to kill
     kill_at = random.Random().randint(1, 6)
     out, aim = kill(tmp_path / "killed", kill_at, "mid_step", f"async={mode}")
+    finish(uninterrupted)
     finish(job(out, aim, f"async={mode}"))
 
     expected, resumed = weights(reference / "out"), weights(out)

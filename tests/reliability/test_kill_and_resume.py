@@ -3,7 +3,8 @@ newest checkpoint is broken; a rerun under the same run name with another graph 
 work unless the change is allowed, and then really runs it.
 
 One uninterrupted reference run (module fixture) serves every case: the kill cases compare with
-it, the rerun cases continue copies of it.
+it, the rerun cases continue copies of it. Runs that do not depend on each other (a reference and a
+job to kill) run side by side: each job is one thread, the machine has two cores.
 """
 
 import json
@@ -56,12 +57,20 @@ def logged(aim: Path) -> dict[str, list]:
     return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
 
 
+def start_killed(tmp: Path, kill_at: int, mode: str, *extra: str) -> subprocess.Popen:
+    """The job, started to kill itself at `kill_at` (`mode`: see resume_job.py), writing under `tmp`."""
+    return job(tmp / "out", tmp / "aim", *extra, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
+
+
+def killed_at(proc: subprocess.Popen, tmp: Path, kill_at: int) -> tuple[Path, Path]:
+    """Waits for `start_killed`'s job to die; its output folder and Aim repo."""
+    proc.communicate(timeout=600)
+    assert proc.returncode == -signal.SIGKILL, f"the job was to be killed at step {kill_at}"
+    return tmp / "out", tmp / "aim"
+
+
 def kill(tmp: Path, kill_at: int, mode: str, *extra: str) -> tuple[Path, Path]:
-    out, aim = tmp / "out", tmp / "aim"
-    killed = job(out, aim, *extra, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
-    killed.communicate(timeout=600)
-    assert killed.returncode == -signal.SIGKILL, f"the job was to be killed at step {kill_at}"
-    return out, aim
+    return killed_at(start_killed(tmp, kill_at, mode, *extra), tmp, kill_at)
 
 
 def truncate_newest_weights(out: Path) -> Path:
@@ -73,12 +82,29 @@ def truncate_newest_weights(out: Path) -> Path:
     return newest
 
 
+class Reference:
+    """The folder of an uninterrupted run of the job, started when made and waited for on the first
+    `reference / name`: the first test's job to kill runs beside it."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+        self.proc: subprocess.Popen | None = job(folder / "out", folder / "aim")
+
+    def __truediv__(self, name: str) -> Path:
+        if self.proc is not None:
+            proc, self.proc = self.proc, None
+            finish(proc)
+        return self.folder / name
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    """An uninterrupted run of the same job."""
-    ref = tmp_path_factory.mktemp("ref")
-    finish(job(ref / "out", ref / "aim"))
-    return ref
+    """An uninterrupted run of the same job (a `Reference`: still running when the first test starts)."""
+    ref = Reference(tmp_path_factory.mktemp("ref"))
+    yield ref
+    if ref.proc is not None:  # no test read it: do not leave it running
+        ref.proc.kill()
+        ref.proc.communicate()
 
 
 # The job has 6 steps per epoch: the second case dies right after the epoch-boundary checkpoint.
@@ -113,7 +139,7 @@ def test_sigkill_and_resume_is_bit_identical(tmp_path, reference, kill_at, mode,
     assert ckpts == ["step_00000007", "step_00000008"]  # keep-last-2, no temporary folders left
 
 
-def continued_copy(reference: Path, tmp: Path) -> tuple[Path, Path]:
+def continued_copy(reference: Reference, tmp: Path) -> tuple[Path, Path]:
     """A copy of the finished reference run to rerun (the reference stays as it is)."""
     shutil.copytree(reference / "out", tmp / "out")
     shutil.copytree(reference / "aim", tmp / "aim")
@@ -197,9 +223,10 @@ def test_resuming_into_a_run_of_another_model_is_a_preflight_error(tmp_path, ref
 def test_a_streamed_dataset_resumes_bit_identically(tmp_path):
     """Prompts streamed from a file (StreamingPromptDataset): the resumed run reads on from the stream position
     saved in the checkpoint, and ends as the uninterrupted run does (the kill step may cross the epoch boundary)."""
-    finish(job(tmp_path / "ref" / "out", tmp_path / "ref" / "aim", "stream"))
+    ref = job(tmp_path / "ref" / "out", tmp_path / "ref" / "aim", "stream")  # beside the job to kill
     kill_at = random.Random().randint(1, 7)
     out, aim = kill(tmp_path / "killed", kill_at, "mid_step", "stream")
+    finish(ref)
     finish(job(out, aim, "stream"))
     expected, resumed = weights(tmp_path / "ref" / "out"), weights(out)
     for k in expected:

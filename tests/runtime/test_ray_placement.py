@@ -47,7 +47,8 @@ def _put_back(path: Path, text: str | None) -> None:
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(shared_ray):
+    shared_ray.stop()  # this process must connect to the two-node cluster, not to the tests' shared one
     # Cluster() writes its address to /tmp/ray/ray_current_cluster, where every bare ray.init() on
     # this machine looks first: other processes would join this test cluster (and fail to start
     # their own while the file outlives it). Put the file back as it was; the test passes the address.

@@ -12,7 +12,8 @@ from toy_workers import EchoWorker
 
 
 @pytest.fixture(scope="module")
-def echo_group():
+def echo_group(shared_ray):
+    shared_ray.start()  # the runtime joins the session's cluster
     plan = compile_graph(fdl.Config(Remote, worker=fdl.Config(EchoWorker, scale=1.0), name="echo", num_workers=2))
     runtime = RayRuntime(num_cpus=2)
     groups = runtime.start_groups(plan)

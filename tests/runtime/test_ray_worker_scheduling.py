@@ -15,7 +15,8 @@ from rlhf.runtime.remote import Remote
 from toy_workers import EchoWorker
 
 DRIVER = os.nice(0)
-pytestmark = pytest.mark.skipif(DRIVER >= 19, reason="at nice 19 every niceness reads 19: run at a lower one")
+pytestmark = [pytest.mark.skipif(DRIVER >= 19, reason="at nice 19 every niceness reads 19: run at a lower one"),
+              pytest.mark.usefixtures("own_ray_cluster")]  # the niceness is a setting of the cluster's start
 
 
 def scheduling(runtime: RayRuntime, **remote) -> list[dict]:

@@ -171,18 +171,6 @@ def test_the_plan_shows_the_mode_and_the_placement(tmp_path, placement, where):
 
 
 # ------------------------------------------------------------------------------- through Ray
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """One local cluster for the Ray runs below (RayRuntime joins a cluster this process already started):
-    3 CPUs, for a policy of 2 FSDP ranks beside a rollout worker (oversubscribed on a 2-core machine)."""
-    import ray
-
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": ":".join(__import__("sys").path)}})
-    yield
-    ray.shutdown()
-
-
 RAY_MODES = {
     "one_step_off_broadcast": (dict(max_staleness=1, weights="fixed_lag", transport="broadcast"), {}),
     "streaming_drop_object_store": (dict(max_staleness=2, on_stale="drop", transport="object_store"), {}),
@@ -202,7 +190,7 @@ def test_each_mode_runs_through_ray(tmp_path, monkeypatch, ray_cluster, mode):
 
     settings, extra = RAY_MODES[mode]
     g = graph(tmp_path / "out", steps=3)
-    g.runtime = fdl.Config(RayRuntime, num_cpus=3)  # the fixture's cluster
+    g.runtime = fdl.Config(RayRuntime, num_cpus=3)  # joins the session's cluster (tests/conftest.py, 3 CPUs)
     if extra.get("fsdp"):
         common.workers(g, n=2)
         common.fsdp(g)

@@ -132,22 +132,26 @@ def test_release_reference_frees_the_frozen_copy_and_a_later_call_says_why_it_fa
 
 @pytest.mark.slow
 def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, files):
-    def job(out, kill_at=None):
+    def start(out, kill_at=None):
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[2]),
                                                             str(Path(__file__).parents[1])])}
         env.pop("KILL_AT", None)
         if kill_at is not None:
             env["KILL_AT"] = str(kill_at)
-        return subprocess.run([sys.executable, str(JOB), tiny_model_path(), files[0], files[1], str(out)], env=env,
-                              capture_output=True, text=True, timeout=600)
+        return subprocess.Popen([sys.executable, str(JOB), tiny_model_path(), files[0], files[1], str(out)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    reference = job(tmp_path / "ref")
-    assert reference.returncode == 0, reference.stderr[-3000:]
+    def wait(proc):
+        _, err = proc.communicate(timeout=600)
+        return proc.returncode, err
+
     kill_at = random.Random().randint(1, 4)
-    killed = job(tmp_path / "run", kill_at)
-    assert killed.returncode == -signal.SIGKILL, f"the job was to be killed in step {kill_at + 1}"
-    resumed = job(tmp_path / "run")
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    reference, killed = start(tmp_path / "ref"), start(tmp_path / "run", kill_at)  # side by side: one thread each
+    (code, err), (killed_code, _) = wait(reference), wait(killed)
+    assert code == 0, err[-3000:]
+    assert killed_code == -signal.SIGKILL, f"the job was to be killed in step {kill_at + 1}"
+    code, err = wait(start(tmp_path / "run"))
+    assert code == 0, err[-3000:]
     stage = Path("dpo") / "job" / "dpo"
     want, got = (load_file(str(base / stage / "final" / "model.safetensors")) for base in (tmp_path / "ref",
                                                                                           tmp_path / "run"))
@@ -158,6 +162,7 @@ def test_sigkill_mid_run_then_resume_is_bit_identical(tmp_path, files):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_two_fsdp_ranks_on_ray_equal_one_rank(files):
     from rlhf.runtime.ray_runtime import RayRuntime
 

@@ -47,6 +47,7 @@ def test_export_from_one_worker(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_export_from_two_ray_workers(tmp_path):
     runtime = RayRuntime(num_cpus=2)
     try:

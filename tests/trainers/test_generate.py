@@ -130,6 +130,7 @@ def test_output_names_and_the_cli(tmp_path, data, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_generation_is_data_parallel_over_two_ray_workers(tmp_path, data):
     result = generate(data, tmp_path / "gens.jsonl", workers=2, local=False)
     rows = lines(result["generations"])

@@ -13,6 +13,7 @@ from helpers import group_plan, grpo_worker, scored_rollout
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_two_workers_match_one_worker_after_an_update():
     batch = scored_rollout(grpo_worker(), prompts=4, n=4)  # 16 rows, ragged response lengths
     local = LocalRuntime()

@@ -61,6 +61,7 @@ def test_fused_lm_head_under_fsdp_gives_the_same_update():
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_two_fsdp_ranks_equal_one_rank_and_hold_half_of_each_model():
     batch = scored_rollout(grpo_worker(strategy="ddp"), prompts=4, n=4)  # 16 rows, ragged lengths
     local = LocalRuntime()

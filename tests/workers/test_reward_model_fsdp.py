@@ -35,6 +35,7 @@ def plan(workers: int):
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("ray_cluster")
 def test_two_fsdp_ranks_train_a_reward_model_as_one_rank():
     data = PreferenceDataset(pairs(8), load_tokenizer(tiny_model_path()), max_length=128)
     batch = data.collate(range(8))

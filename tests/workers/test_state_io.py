@@ -21,7 +21,8 @@ from helpers import group_plan, grpo_worker, scored_rollout, tiny_model_path
 
 
 @pytest.fixture(scope="module")
-def ray_runtime():
+def ray_runtime(shared_ray):
+    shared_ray.start()  # the runtime joins the session's cluster
     runtime = RayRuntime(num_cpus=2)
     yield runtime
     runtime.shutdown()
