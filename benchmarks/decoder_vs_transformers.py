@@ -273,9 +273,15 @@ def main() -> None:
 
 
 def _versions() -> dict:
+    import subprocess
+
     import transformers
 
-    return {"torch": torch.__version__, "transformers": transformers.__version__}
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], capture_output=True, text=True).stdout.strip()
+
+    return {"torch": torch.__version__, "transformers": transformers.__version__,
+            "rlhf_commit": git("rev-parse", "--short", "HEAD"), "rlhf_dirty": bool(git("status", "--porcelain"))}
 
 
 if __name__ == "__main__":
