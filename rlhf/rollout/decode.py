@@ -224,7 +224,6 @@ class _Rows:
         self.born: list[int] = []
         self.logits: torch.Tensor | None = None
         self.token: torch.Tensor | None = None
-        self.is_eos: torch.Tensor | None = None  # (V,) True at the EOS ids, once the vocabulary is known
 
     def __len__(self) -> int:
         return len(self.born)
@@ -253,22 +252,35 @@ def _sample_step(active: _Rows, s: _Sampling, since_admission: int) -> None:
     last rows joined; below min_new_tokens some row may still be within them). Sampling draws one
     uniform number per output row, whichever rows are active, so a seed's samples do not depend on
     when rows are dropped (nor, in one wave, on continuous batching at all). A finished row writes
-    the pad token with log-prob 0. No host sync.
+    the pad token with log-prob 0. No host sync. Each pass over the (b,V) logits costs 2-4 ms at
+    SmolLM2's 64 x 49,152 on one core, so the step makes few: the EOS mask is written in place (or into
+    the probabilities: `draw` takes them unnormalised), and at temperature = logprob_temperature
+    without top-k/top-p the log-prob is the log of the sampling probability (no logsumexp pass).
     """
-    logits = scores = active.logits
+    logits = active.logits
+    blocked = None  # (b,1) rows whose EOS is masked out this step
     if since_admission < s.min_new_tokens:
-        if active.is_eos is None:
-            active.is_eos = torch.zeros(logits.shape[1], dtype=torch.bool, device=logits.device)
-            active.is_eos[s.eos] = True
-        scores = logits.masked_fill((active.t < s.min_new_tokens)[:, None] & active.is_eos, -float("inf"))
+        blocked = (active.t < s.min_new_tokens)[:, None]
     if s.temperature == 0:
-        token = scores.argmax(dim=-1)
+        if blocked is not None:  # masked in place (a masked copy of (b,V) costs 6 ms at SmolLM2's 64 x 49,152)
+            eos_logits = logits[:, s.eos]
+            logits[:, s.eos] = eos_logits.masked_fill(blocked, -float("inf"))
+            token = logits.argmax(dim=-1)
+            logits[:, s.eos] = eos_logits  # the log-probs are those before the mask
+        else:
+            token = logits.argmax(dim=-1)
     else:
+        probs = torch.softmax(warp_logits(logits, s.temperature, s.top_k, s.top_p), dim=-1)
+        if blocked is not None:  # `draw` takes unnormalised probabilities: the same distribution as masking logits
+            probs[:, s.eos] = probs[:, s.eos].masked_fill(blocked, 0.0)
         uniform = torch.rand((active.tokens.shape[0], 1), device=logits.device, dtype=torch.float32)[active.rows]
-        token = draw(torch.softmax(warp_logits(scores, s.temperature, s.top_k, s.top_p), dim=-1), uniform)
+        token = draw(probs, uniform)
     token = torch.where(active.unfinished, token, s.pad_token_id)
-    scaled = logits / s.logprob_temperature if s.logprob_temperature != 1.0 else logits
-    chosen = scaled.gather(1, token[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
+    if s.temperature != 0 and s.temperature == s.logprob_temperature and s.top_k == 0 and s.top_p == 1.0:
+        chosen = probs.gather(1, token[:, None]).squeeze(1).log()  # the sampling softmax is the log-prob's
+    else:
+        scaled = logits / s.logprob_temperature if s.logprob_temperature != 1.0 else logits
+        chosen = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
     column = active.t.clamp(max=active.tokens.shape[1] - 1)  # a finished row kept decoding under FSDP: past its end
     active.tokens[active.rows, column] = token
     active.log_probs[active.rows, column] = torch.where(active.unfinished, chosen, 0.0)
