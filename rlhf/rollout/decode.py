@@ -30,6 +30,8 @@ few steps a row decodes past its EOS are cut off after the loop (tests/rollout/t
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from transformers import DynamicCache
 
@@ -191,6 +193,180 @@ def _swap_remove(alive: list[bool]) -> list[int]:
     return [i if alive[i] else next(movers) for i in range(b)]
 
 
+@dataclasses.dataclass(frozen=True)
+class _Sampling:
+    """What a step needs to turn logits into tokens and log-probs: `sample`'s arguments, fixed for a call."""
+
+    temperature: float  # 0: greedy (argmax)
+    top_k: int
+    top_p: float
+    logprob_temperature: float
+    min_new_tokens: int
+    max_new_tokens: int
+    eos: torch.Tensor  # (E,) the EOS ids
+    pad_token_id: int
+
+
+class _Rows:
+    """The b rows decoding now, in the decoder's row order, and the (U*n, W) outputs they write.
+
+    Per active row: `rows` its output row, `t` the tokens it has decoded, `unfinished` whether it is
+    still decoding, `born` (host) the step it was admitted at. `logits` (b,V) predict every active
+    row's next token; `token` (b,) holds the last tokens chosen.
+    """
+
+    def __init__(self, total: int, width: int, pad_token_id: int, device: torch.device):
+        self.tokens = torch.full((total, width), pad_token_id, dtype=torch.long, device=device)
+        self.log_probs = torch.zeros((total, width), dtype=torch.float32, device=device)
+        self.rows = torch.zeros(0, dtype=torch.long, device=device)
+        self.t = torch.zeros(0, dtype=torch.long, device=device)
+        self.unfinished = torch.zeros(0, dtype=torch.bool, device=device)
+        self.born: list[int] = []
+        self.logits: torch.Tensor | None = None
+        self.token: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.born)
+
+    def extend(self, logits: torch.Tensor, first_row: int, count: int, step: int) -> None:
+        """Append `count` rows writing output rows first_row.., their first logits (count,V), admitted at `step`."""
+        device = self.rows.device
+        self.logits = logits if not self.born else torch.cat([self.logits, logits])
+        self.rows = torch.cat([self.rows, torch.arange(first_row, first_row + count, device=device)])
+        self.t = torch.cat([self.t, torch.zeros(count, dtype=torch.long, device=device)])
+        self.unfinished = torch.cat([self.unfinished, torch.ones(count, dtype=torch.bool, device=device)])
+        self.born.extend([step] * count)
+
+    def keep(self, keep: list[int]) -> None:
+        """Keep the rows `keep` (indices of active rows, in their new order); the logits are the next step's."""
+        index = torch.tensor(keep, dtype=torch.long, device=self.rows.device)
+        self.rows, self.t, self.unfinished = self.rows[index], self.t[index], self.unfinished[index]
+        self.token = self.token[index]
+        self.born = [self.born[i] for i in keep]
+
+
+def _sample_step(active: _Rows, s: _Sampling, since_admission: int) -> None:
+    """Choose each active row's next token from `active.logits`, write it and its log-prob, mark the rows that end.
+
+    EOS is masked out of a row's first `min_new_tokens` tokens (`since_admission`: steps since the
+    last rows joined; below min_new_tokens some row may still be within them). Sampling draws one
+    uniform number per output row, whichever rows are active, so a seed's samples do not depend on
+    when rows are dropped (nor, in one wave, on continuous batching at all). A finished row writes
+    the pad token with log-prob 0. No host sync. Each pass over the (b,V) logits costs 2-4 ms at
+    SmolLM2's 64 x 49,152 on one core, so the step makes few: the EOS mask is written in place (or into
+    the probabilities: `draw` takes them unnormalised), and at temperature = logprob_temperature
+    without top-k/top-p the log-prob is the log of the sampling probability (no logsumexp pass).
+    """
+    logits = active.logits
+    blocked = None  # (b,1) rows whose EOS is masked out this step
+    if since_admission < s.min_new_tokens:
+        blocked = (active.t < s.min_new_tokens)[:, None]
+    if s.temperature == 0:
+        if blocked is not None:  # masked in place (a masked copy of (b,V) costs 6 ms at SmolLM2's 64 x 49,152)
+            eos_logits = logits[:, s.eos]
+            logits[:, s.eos] = eos_logits.masked_fill(blocked, -float("inf"))
+            token = logits.argmax(dim=-1)
+            logits[:, s.eos] = eos_logits  # the log-probs are those before the mask
+        else:
+            token = logits.argmax(dim=-1)
+    else:
+        probs = torch.softmax(warp_logits(logits, s.temperature, s.top_k, s.top_p), dim=-1)
+        if blocked is not None:  # `draw` takes unnormalised probabilities: the same distribution as masking logits
+            probs[:, s.eos] = probs[:, s.eos].masked_fill(blocked, 0.0)
+        uniform = torch.rand((active.tokens.shape[0], 1), device=logits.device, dtype=torch.float32)[active.rows]
+        token = draw(probs, uniform)
+    token = torch.where(active.unfinished, token, s.pad_token_id)
+    if s.temperature != 0 and s.temperature == s.logprob_temperature and s.top_k == 0 and s.top_p == 1.0:
+        chosen = probs.gather(1, token[:, None]).squeeze(1).log()  # the sampling softmax is the log-prob's
+    else:
+        scaled = logits / s.logprob_temperature if s.logprob_temperature != 1.0 else logits
+        chosen = torch.log_softmax(scaled, dim=-1).gather(1, token[:, None]).squeeze(1)
+    column = active.t.clamp(max=active.tokens.shape[1] - 1)  # a finished row kept decoding under FSDP: past its end
+    active.tokens[active.rows, column] = token
+    active.log_probs[active.rows, column] = torch.where(active.unfinished, chosen, 0.0)
+    active.t += 1
+    active.unfinished &= ~torch.isin(token, s.eos) & (active.t < s.max_new_tokens)
+    active.token = token
+
+
+class _Scheduler:
+    """Admission and refill for `sample`: which prompt groups decode in which rows, and when finished rows leave.
+
+    It owns the decoder (a `LeanDecoder` sized for `capacity` rows, or the model's own forward,
+    `_ModelSteps`) and the active rows (`_Rows`). `admit` prefills pending prompt groups into free
+    rows: when no row decodes, or, with refill, when at least `admit_at` rows are free (each prefill
+    reads every weight once, so a few free rows are not worth one). `retire` counts a step and, at a
+    check, drops the rows that finished (swap-remove).
+    """
+
+    def __init__(self, model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor, n: int,
+                 s: _Sampling, max_rows: int | None, every: int, lean: bool, continuous: bool, sharded: bool):
+        u = input_ids.shape[0]
+        self.model, self.input_ids, self.attention_mask, self.n, self.every = model, input_ids, attention_mask, n, every
+        self.capacity = (u if max_rows is None else max(1, min(u, max_rows // n))) * n  # whole prompt groups
+        self.width = s.max_new_tokens + every  # a finished row decodes up to every - 1 steps past its end
+        self.columns = int(attention_mask.any(dim=0).sum()) + s.max_new_tokens  # the longest prompt, unpadded
+        self.max_new_tokens, self.continuous = s.max_new_tokens, continuous
+        self.lean = lean and supports(model, length=self.columns)
+        self.refill = continuous and self.lean and not sharded  # admit mid-wave: its prefill is no collective then
+        self.synced = sharded and not self.lean  # every decoding step is a collective: ranks agree when to stop
+        self.admit_at = max(n, self.capacity // 8)
+        self.active = _Rows(u * n, self.width, s.pad_token_id, input_ids.device)
+        self.decoder: LeanDecoder | _ModelSteps | None = None
+        self.next_prompt = self.steps = self.since_check = 0
+
+    @property
+    def since_admission(self) -> int:
+        """Steps since the last rows joined (every active row has decoded at least this many tokens)."""
+        return self.steps - max(self.active.born)
+
+    def admit(self) -> None:
+        """Prefill pending prompt groups into the free rows, if no row decodes or (refill) enough rows are free."""
+        b, u, n = len(self.active), self.input_ids.shape[0], self.n
+        if self.next_prompt >= u or (b > 0 and not (self.refill and self.capacity - b >= self.admit_at)):
+            return
+        lo = self.next_prompt
+        hi = lo + min((self.capacity - b) // n, u - lo)
+        logits, cache, mask = _prefill(self.model, self.input_ids[lo:hi], self.attention_mask[lo:hi])
+        if not self.lean:
+            self.decoder = _ModelSteps(self.model, cache, mask, n, self.width)
+        else:
+            if self.decoder is None:  # built once per call: the weights are gathered once
+                dtype = cache.layers[0].keys.dtype  # what the model's own forward computed in
+                self.decoder = LeanDecoder(self.model, self.capacity, self.columns + self.every - 1, dtype,
+                                           logits.device, min_rows=min(BATCH_INVARIANT_ROWS, (hi - lo) * n))
+            self.decoder.add(cache, mask, n)
+        del cache
+        self.active.extend(logits.repeat_interleave(n, dim=0) if n > 1 else logits, lo * n, (hi - lo) * n, self.steps)
+        self.next_prompt = hi
+
+    def retire(self) -> bool:
+        """Count the step just taken; at a check, drop the rows that finished. False once every prompt is done."""
+        self.steps += 1
+        self.since_check += 1
+        if self.since_admission >= self.max_new_tokens:  # every row reached the limit: finished, no need to look
+            alive = [False] * len(self.active)
+        elif self.since_check >= self.every:
+            alive = self.active.unfinished.tolist()
+        else:
+            return True
+        self.since_check = 0
+        any_alive = _any_unfinished(torch.tensor(any(alive)), self.synced) if self.synced else any(alive)
+        if not self.continuous:
+            alive = [any_alive] * len(alive)  # a static wave ends with its slowest row
+        elif not self.lean and any_alive:
+            # the model's forward keeps finished rows: a batch of at least BATCH_INVARIANT_ROWS rows (or all
+            # of them), and under FSDP at least one row while another rank's rows still decode
+            floor = min(BATCH_INVARIANT_ROWS, len(alive))
+            for i in [i for i, a in enumerate(alive) if not a][: max(0, floor - sum(alive))]:
+                alive[i] = True
+        if not all(alive):
+            keep = _swap_remove(alive)
+            self.decoder.select(keep)
+            self.active.keep(keep)
+        return len(self.active) > 0 or self.next_prompt < self.input_ids.shape[0]
+
+
 @torch.no_grad()
 def sample(
     model: torch.nn.Module,
@@ -215,8 +391,8 @@ def sample(
     Rows that emitted EOS are padded with `pad_token_id` afterwards. At most `max_rows` rows
     decode at once (the KV cache is sized for them). With `continuous`, every check drops the
     rows that finished (KV cache included: they cost nothing from then on) and, where the step
-    allows it, admits pending prompt groups into the free slots (continuous batching); without
-    it, prompts are decoded in static waves of `max_rows` rows, each until its slowest row ends.
+    allows it, admits pending prompt groups into the free slots (`_Scheduler`); without it,
+    prompts are decoded in static waves of `max_rows` rows, each until its slowest row ends.
     Which rows finished is read on the host only every `check_every` steps (the loop itself
     never waits for the device), so a finished row may decode up to check_every - 1 more steps;
     those are cut off, so the outputs do not depend on `check_every`. `log_probs` are each sampled
@@ -240,7 +416,6 @@ def sample(
     rank) instead of hanging in a collective.
     """
     device = input_ids.device
-    u = input_ids.shape[0]
     every = check_every or default_check_every(device)
     if every < 1:
         raise ValueError(f"sample: check_every must be >= 1 (or None for the device default), got {check_every}")
@@ -248,103 +423,20 @@ def sample(
         raise ValueError(f"sample: max_rows must be >= 1 (or None: all rows at once), got {max_rows}")
     sharded = _sharded(model)
     if sharded:
-        _check_equal_across_ranks(u, "prompts", device)
-    if u == 0:
+        _check_equal_across_ranks(input_ids.shape[0], "prompts", device)
+    if input_ids.shape[0] == 0:
         empty = torch.zeros((0, 0), dtype=torch.long, device=device)
         return empty, empty.float()
-    groups = u if max_rows is None else max(1, min(u, max_rows // n))  # prompt groups decoding at once
-    capacity = groups * n
-    width = max_new_tokens + every  # a finished row decodes up to every - 1 steps past its end before a check
-    tokens = torch.full((u * n, width), pad_token_id, dtype=torch.long, device=device)
-    log_probs = torch.zeros((u * n, width), dtype=torch.float32, device=device)
-    eos = torch.tensor(eos_token_ids, device=device)
-    is_eos = None  # (V,) True at the EOS ids, once the vocabulary is known
-    prompt_columns = int(attention_mask.any(dim=0).sum())  # the longest prompt, left padding trimmed
-    use_lean = lean and supports(model, length=prompt_columns + max_new_tokens)
-    refill = continuous and use_lean and not sharded  # admit prompts mid-wave: their prefill is no collective then
-    synced = sharded and not use_lean  # every decoding step is a collective: ranks agree when to stop
-    greedy = temperature == 0
-    admit_at = max(n, capacity // 8)  # free rows worth a prefill mid-wave (each prefill reads every weight once)
-
-    decoder = None
-    rows = torch.zeros(0, dtype=torch.long, device=device)  # (b,) output row of each active row
-    t = torch.zeros(0, dtype=torch.long, device=device)  # (b,) tokens each active row has decoded
-    unfinished = torch.zeros(0, dtype=torch.bool, device=device)
-    logits = token = None
-    born: list[int] = []  # host: the step at which each active row was admitted
-    next_prompt = steps = since_check = 0
+    s = _Sampling(temperature, top_k, top_p, logprob_temperature, min_new_tokens, max_new_tokens,
+                  torch.tensor(eos_token_ids, device=device), pad_token_id)
+    scheduler = _Scheduler(model, input_ids, attention_mask, n, s, max_rows, every, lean, continuous, sharded)
+    active = scheduler.active
     while True:
-        b = len(born)
-        if next_prompt < u and (b == 0 or (refill and capacity - b >= admit_at)):
-            k = min((capacity - b) // n, u - next_prompt)
-            new_logits, cache, mask = _prefill(model, input_ids[next_prompt : next_prompt + k],
-                                               attention_mask[next_prompt : next_prompt + k])
-            if use_lean:
-                if decoder is None:  # built once per call: the weights are gathered once
-                    dtype = cache.layers[0].keys.dtype  # what the model's own forward computed in
-                    decoder = LeanDecoder(model, capacity, prompt_columns + max_new_tokens + every - 1, dtype, device,
-                                          min_rows=min(BATCH_INVARIANT_ROWS, k * n))
-                decoder.add(cache, mask, n)
-            else:
-                decoder = _ModelSteps(model, cache, mask, n, width)
-            del cache
-            new_logits = new_logits.repeat_interleave(n, dim=0) if n > 1 else new_logits
-            logits = new_logits if b == 0 else torch.cat([logits, new_logits])
-            rows = torch.cat([rows, torch.arange(next_prompt * n, (next_prompt + k) * n, device=device)])
-            t = torch.cat([t, torch.zeros(k * n, dtype=torch.long, device=device)])
-            unfinished = torch.cat([unfinished, torch.ones(k * n, dtype=torch.bool, device=device)])
-            born.extend([steps] * (k * n))
-            next_prompt += k
-            if is_eos is None:
-                is_eos = torch.zeros(logits.shape[1], dtype=torch.bool, device=device)
-                is_eos[eos] = True
-        scores = logits
-        if steps - max(born) < min_new_tokens:  # some row is still within its first min_new_tokens steps
-            scores = logits.masked_fill((t < min_new_tokens)[:, None] & is_eos, -float("inf"))
-        if greedy:
-            token = scores.argmax(dim=-1)
-        else:
-            # one number per output row and step, whichever rows are active: a seed's samples do not
-            # depend on when rows are dropped (nor, in one wave, on continuous batching at all)
-            uniform = torch.rand((u * n, 1), device=device, dtype=torch.float32)[rows]
-            token = draw(torch.softmax(warp_logits(scores, temperature, top_k, top_p), dim=-1), uniform)
-        token = torch.where(unfinished, token, pad_token_id)
-        scaled = logits / logprob_temperature if logprob_temperature != 1.0 else logits
-        chosen = scaled.gather(1, token[:, None]).squeeze(1) - torch.logsumexp(scaled, dim=-1)
-        column = t.clamp(max=width - 1)  # a finished row kept decoding under FSDP writes past its end
-        tokens[rows, column] = token
-        log_probs[rows, column] = torch.where(unfinished, chosen, 0.0)
-        t += 1
-        unfinished &= ~torch.isin(token, eos) & (t < max_new_tokens)
-        steps += 1
-        since_check += 1
-        if steps - max(born) >= max_new_tokens:  # every row reached the limit: finished, no need to look
-            alive = [False] * len(born)
-        elif since_check >= every:
-            alive = unfinished.tolist()
-        else:
-            alive = None
-        if alive is not None:
-            since_check = 0
-            any_alive = _any_unfinished(torch.tensor(any(alive)), synced) if synced else any(alive)
-            if not continuous:
-                alive = [any_alive] * len(alive)  # a static wave ends with its slowest row
-            elif not use_lean and any_alive:
-                # the model's forward keeps finished rows: a batch of at least BATCH_INVARIANT_ROWS rows (or all
-                # of them), and under FSDP at least one row while another rank's rows still decode
-                floor = min(BATCH_INVARIANT_ROWS, len(alive))
-                for i in [i for i, a in enumerate(alive) if not a][: max(0, floor - sum(alive))]:
-                    alive[i] = True
-            if not all(alive):
-                keep = _swap_remove(alive)
-                decoder.select(keep)
-                index = torch.tensor(keep, dtype=torch.long, device=device)
-                rows, t, unfinished, token = rows[index], t[index], unfinished[index], token[index]
-                born = [born[i] for i in keep]
-            if not born and next_prompt == u:
-                break
-            if not born:
-                continue
-        logits = decoder.step(token).float()
-    r = decoded_length(tokens, eos, max_new_tokens)
-    return tokens[:, :r], log_probs[:, :r]
+        scheduler.admit()
+        _sample_step(active, s, scheduler.since_admission)
+        if not scheduler.retire():
+            break
+        if len(active):
+            active.logits = scheduler.decoder.step(active.token).float()
+    r = decoded_length(active.tokens, s.eos, max_new_tokens)
+    return active.tokens[:, :r], active.log_probs[:, :r]

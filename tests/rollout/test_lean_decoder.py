@@ -69,6 +69,28 @@ def test_sampling_with_a_seed_draws_the_same_tokens(build):
     assert torch.allclose(lean[1], hf[1], atol=1e-5)
 
 
+def test_the_lm_head_in_vocabulary_chunks_gives_the_same_bits(monkeypatch):
+    """HEAD_CHUNK only changes how the head's matmul is cut: a vocabulary of 2,500 in chunks of 1024 (the last
+    one short), with rows leaving as they finish (the matmul padded to min_rows), gives the one-matmul step's
+    samples and log-probs bit for bit (each logit is the same dot product; SmolLM2's head too, measured)."""
+    import rlhf.rollout.lean_decoder as lean_decoder
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=2500, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2)).eval()
+    with torch.no_grad():
+        model.lm_head.weight[EOS] *= 30  # rows end at different steps
+    ids, mask = prompts()
+    kwargs = dict(n=3, max_new_tokens=16, eos_token_ids=[EOS], pad_token_id=PAD, temperature=1.0)
+    torch.manual_seed(3)
+    chunked = sample(model, ids, mask, **kwargs)
+    monkeypatch.setattr(lean_decoder, "HEAD_CHUNK", 10**9)
+    torch.manual_seed(3)
+    whole = sample(model, ids, mask, **kwargs)
+    assert torch.equal(whole[0], chunked[0]) and torch.equal(whole[1], chunked[1])
+    assert len({int(row.eq(EOS).nonzero()[0]) if row.eq(EOS).any() else 16 for row in whole[0]}) > 1
+
+
 def test_unsupported_models_use_their_own_forward():
     from peft import LoraConfig, get_peft_model
 
