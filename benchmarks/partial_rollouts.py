@@ -92,13 +92,14 @@ def stage(model: str, args) -> fdl.Config:
     from rlhf.rewards.manager import RewardManager
     from rlhf.rollout.sampling import SamplingParams
     from rlhf.trainers.rl import RLTrainer
+    from rlhf.workers.objectives import PolicyObjective
     from rlhf.workers.training import TrainingSetup
     from rlhf_configs.pieces import policy_group
 
     tok = fdl.Config(load_tokenizer, model)
     return fdl.Config(
         RLTrainer,
-        policy=policy_group(model_path=model, optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-4),
+        policy=policy_group(model_path=model, objective=fdl.Config(PolicyObjective), optimizer=fdl.Partial(torch.optim.AdamW, lr=1e-4),
                             training=fdl.Config(TrainingSetup, micro_batch_size=32)),
         tokenizer=tok,
         train_data=fdl.Config(PromptDataset, rows=long_tailed_rows(256, args.long_every, args.long_turns),
