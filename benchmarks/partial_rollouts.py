@@ -10,7 +10,7 @@ weights, and a batch is the first groups that ended (rlhf.agents.partial). Both 
 (newest weights, `max_staleness` 2 by default, waiting past the bound), the in-process runtime (the producer
 thread and the trainer in one process, one torch thread each), the same seed, data and number of steps.
 
-Modes alternate within each round (`--rounds`); the ratio partial / off of the median trainer idle per step is
+Modes alternate within each round (`--rounds`); the ratio partial / off of the mean trainer idle per step is
 taken per round and reported as median and range. Step 1 (start-up) is left out of every statistic.
 
     nice -n 19 python benchmarks/partial_rollouts.py --rounds 3 --steps 12
@@ -108,7 +108,7 @@ def stage(model: str, args) -> fdl.Config:
         advantage=fdl.Config(GRPO),
         sampling=fdl.Config(SamplingParams, n=4, max_new_tokens=8),
         rollout=fdl.Config(AgentRollout, environment=TurnsEnvironment, tokenizer=tok, max_turns=args.long_turns,
-                           max_response_tokens=16 * args.long_turns),
+                           max_response_tokens=32 * args.long_turns),
         prompts_per_step=args.prompts, total_steps=args.steps, records=None, seed=0,
     )
 
@@ -180,7 +180,7 @@ def main() -> int:
                 result = run(model, mode, Path(tmp) / f"{mode}-{r}", args)
                 runs[mode].append(result)
                 print(json.dumps(result), flush=True)
-    ratios = [p["trainer_idle_s_median"] / o["trainer_idle_s_median"] for o, p in zip(runs["off"], runs["partial"])]
+    ratios = [p["trainer_idle_s_mean"] / o["trainer_idle_s_mean"] for o, p in zip(runs["off"], runs["partial"])]
     speed = [o["step_s_mean"] / p["step_s_mean"] for o, p in zip(runs["off"], runs["partial"])]
     report = {
         "settings": vars(args), "load_average_start": load, "load_average_end": os.getloadavg()[0],
@@ -197,11 +197,11 @@ def main() -> int:
 
 
 def table(report: dict) -> str:
-    lines = ["| mode | trainer idle / step (median s) | idle fraction | step s | turns max | staleness mean / max "
+    lines = ["| mode | trainer idle / step (mean s) | idle fraction | step s | turns max | staleness mean / max "
              "| partial samples / step | dropped |", "|---|---|---|---|---|---|---|---|"]
     for mode, runs in report["runs"].items():
         med = lambda key: statistics.median(r[key] for r in runs)  # noqa: E731
-        lines.append(f"| {mode} | {med('trainer_idle_s_median'):.3f} | {med('trainer_idle_fraction'):.0%} | "
+        lines.append(f"| {mode} | {med('trainer_idle_s_mean'):.3f} | {med('trainer_idle_fraction'):.0%} | "
                      f"{med('step_s_mean'):.3f} | {med('num_turns_max'):.0f} | {med('staleness_mean'):.2f} / "
                      f"{max(r['staleness_max'] for r in runs):.0f} | {med('partial_samples_mean'):.1f} | "
                      f"{sum(r['partial_dropped_total'] for r in runs):.0f} |")
