@@ -28,6 +28,7 @@ def use_async_rollout(
     transport: Transport = "auto",
     rollout_workers: int | None = None,
     correction: Correction = "bypass",
+    partial_rollouts: bool = False,
 ) -> None:
     """Roll out in a group named "rollout" running the policy's engine on its own copy of the weights.
 
@@ -38,7 +39,8 @@ def use_async_rollout(
     unless the stage already corrects for the behaviour policy, `correction` "bypass" sets
     `rollout_correction=RolloutCorrection(bypass=True)` (the PPO ratio against the policy that sampled:
     prime-rl's and TRL's asynchronous default, and the one that held up here, docs/async.md) and
-    "decoupled" the objective's `DecoupledPPO()` (AReaL's).
+    "decoupled" the objective's `DecoupledPPO()` (AReaL's). `partial_rollouts`: multi-turn conversations outlive
+    their batch and continue on newer weights (AsyncRollout's argument; streaming only).
     """
     check_choice("use_async_rollout: placement", placement, Placement)
     check_choice("use_async_rollout: correction", correction, Correction)
@@ -64,6 +66,7 @@ def use_async_rollout(
         on_stale=on_stale,
         weights=weights,
         transport=transport,
+        partial_rollouts=partial_rollouts,
     )
     if stage.rollout_correction is None and worker.objective.decoupled is None:
         if correction == "bypass":

@@ -114,10 +114,13 @@ def one_step_off(cfg: fdl.Config[Experiment], placement: Placement = "separate",
 
 
 def streaming(cfg: fdl.Config[Experiment], max_staleness: int = 2, on_stale: OnStale = "wait",
-              placement: Placement = "separate", transport: Transport = "auto", correction: Correction = "bypass") -> None:
+              placement: Placement = "separate", transport: Transport = "auto", correction: Correction = "bypass",
+              partial_rollouts: bool = False) -> None:
     """Bounded-staleness streaming: a rollout group generates continuously with the newest weights, and a
     sample more than `max_staleness` versions old is waited for or dropped (`on_stale`). Depends on timing,
-    so runs differ; loss as in `one_step_off` (docs/async.md). Every RL stage."""
+    so runs differ; loss as in `one_step_off` (docs/async.md). `partial_rollouts`: multi-turn conversations
+    outlive their batch and continue on newer weights (docs/async.md#partial-rollouts). Every RL stage."""
     for stage in selectors.select(cfg, RLTrainer):
         use_async_rollout(stage, max_staleness=max_staleness, on_stale=on_stale, weights="newest",
-                          placement=placement, transport=transport, correction=correction)
+                          placement=placement, transport=transport, correction=correction,
+                          partial_rollouts=partial_rollouts)

@@ -5,8 +5,11 @@ Columns (written by rlhf.rollout.engine.set_rollout_columns, as for single-turn 
 `response_mask` (B,T) the LOSS MASK: 1 exactly on the tokens the policy sampled, 0 on observation
 and template tokens and padding; `rollout_log_probs` (B,T) the engine's log-prob of each sampled
 token, 0 elsewhere (aligned with the mask); `input_ids`, `attention_mask` (1 on every real token,
-observations included: the policy is conditioned on them), `position_ids`. Non-tensor: the rows'
-columns, `response_text` (the final assistant message: what an answer scorer reads) and
+observations included: the policy is conditioned on them), `position_ids`. Under asynchronous rollout,
+where the turns record the policy version that sampled them: `token_policy_version` (B,T) that version on
+each sampled token, -1 elsewhere; `policy_version` (B,) the oldest of a row's turns (what its staleness is
+counted against) and `policy_version_last` (B,) the newest (they differ only with partial rollouts, where a
+conversation continues on newer weights). Non-tensor: the rows' columns, `response_text` (the final assistant message: what an answer scorer reads) and
 `extra_info["agent"]` (the environment's reward, turns, tool counters, how it ended).
 
 Everything downstream already reads `response_mask` as "the tokens trained on" (aggregation
@@ -74,11 +77,33 @@ def trajectory_batch(
         log_probs=right([t.log_probs for t in trajectories], 0.0, torch.float32),
         temperature=temperature, max_new_tokens=max_new_tokens,
     )
+    if any(t.turn_versions for t in trajectories):
+        _set_version_columns(out, trajectories)
     extra = rows["extra_info"] if "extra_info" in rows else [{}] * len(rows)
     out["extra_info"] = [{**(e or {}), "agent": {**agent_info(t), **({"off_temperature_turns": k} if k else {})}}
                          for e, t, k in zip(extra, trajectories, off)]
     out["response_text"] = [t.final_text for t in trajectories]
     return out
+
+
+def _set_version_columns(out: Batch, trajectories: Sequence[Trajectory]) -> None:
+    """`token_policy_version`, `policy_version` and `policy_version_last` from each turn's recorded version. A row
+    that sampled nothing (its reset failed) holds no stale token: it takes the oldest version of the others."""
+    for i, t in enumerate(trajectories):
+        if len(t.turn_versions) != len(t.turns):
+            raise ValueError(f"trajectory_batch: trajectory {i} records {len(t.turn_versions)} turn versions for "
+                             f"{len(t.turns)} turns: every turn of an asynchronous rollout carries its version")
+    width = out["responses"].shape[1]
+    tokens = torch.full((len(trajectories), width), -1, dtype=torch.int64)
+    for i, t in enumerate(trajectories):
+        for (start, end), version in zip(t.turns, t.turn_versions):
+            tokens[i, start:end] = version
+    known = [v for t in trajectories for v in t.turn_versions]
+    first = [min(t.turn_versions, default=min(known)) for t in trajectories]
+    last = [max(t.turn_versions, default=min(known)) for t in trajectories]
+    out["token_policy_version"] = tokens
+    out["policy_version"] = torch.tensor(first, dtype=torch.int64)
+    out["policy_version_last"] = torch.tensor(last, dtype=torch.int64)
 
 
 def _check_lengths(trajectories: Sequence[Trajectory], max_model_len: int | None) -> None:

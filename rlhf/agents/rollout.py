@@ -102,26 +102,11 @@ class AgentRollout:
 
     def rollout(self, generate: Generate, prompts: Batch, sampling: SamplingParams) -> tuple[Batch, dict[str, float]]:
         """The same with any `generate` (an engine's: tests, the gateway, evaluation)."""
-        if not prompts.non_tensors:
-            raise ValueError("AgentRollout: the prompts carry no row columns for the environments' reset (a "
-                             "PromptDataset batch has uid, data_source, ground_truth, extra_info and raw_prompt)")
-        rows = Batch({}, dict(prompts.non_tensors), dict(prompts.meta)).repeat(sampling.n)
-        fallback_prompts = [ids[m.bool()].tolist() for ids, m in zip(prompts["input_ids"], prompts["attention_mask"])]
-        fallback_prompts = [p for p in fallback_prompts for _ in range(sampling.n)]
+        records, fallback_prompts = prompt_records(prompts, sampling.n)
         start = time.perf_counter()
-        versions: list[int] = []  # the policy versions of the weights that generated the turns (async rollout)
-
-        def generate_turn(batch: Batch, turn: SamplingParams) -> Batch:
-            out = generate(batch, turn)
-            if "policy_version" in out:
-                versions.extend(out["policy_version"].tolist())
-            return out
-
-        trajectories, env_seconds = _run(self._conversations(generate_turn, rows, fallback_prompts, sampling))
-        batch = trajectory_batch(trajectories, rows, self.tokenizer.pad_token_id, sampling.logit_temperature,
-                                 self.max_response_tokens)
-        if versions:  # the oldest weights any turn came from: what staleness is counted against
-            batch["policy_version"] = torch.full((len(batch),), min(versions), dtype=torch.int64)
+        trajectories, env_seconds = _run(self._conversations(generate, records, fallback_prompts, sampling))
+        batch = trajectory_batch(trajectories, Batch.from_rows(records, prompts.meta), self.tokenizer.pad_token_id,
+                                 sampling.logit_temperature, self.max_response_tokens)
         metrics = agent_metrics(trajectories)
         metrics["timing_s/env"] = env_seconds
         metrics["timing_s/agent_loop"] = time.perf_counter() - start
@@ -129,36 +114,58 @@ class AgentRollout:
 
     # ---------------------------------------------------------------- loop
     async def _conversations(
-        self, generate: Generate, rows: Batch, fallback_prompts: list[list[int]], sampling: SamplingParams
+        self, generate: Generate, records: list[dict], fallback_prompts: list[list[int]], sampling: SamplingParams
     ) -> tuple[list[Trajectory], float]:
         limit = asyncio.Semaphore(self.max_concurrent_steps)
-        clock = _Clock()
-        records = [{k: rows.non_tensors[k][i] for k in rows.non_tensors} for i in range(len(rows))]
+        clock = Clock()
+        conversations = await self.open_conversations(records, fallback_prompts, limit, clock)
+        try:
+            for _ in range(self.max_turns):
+                if all(c.trajectory.finished for c in conversations):
+                    break
+                await self.advance(generate, conversations, sampling, limit, clock)
+        finally:
+            await self.close_conversations(conversations, limit)
+        return [c.trajectory for c in conversations], clock.seconds
+
+    async def open_conversations(self, records: list[dict], fallback_prompts: list[list[int]],
+                                 limit: asyncio.Semaphore, clock: Clock) -> list[Conversation]:
+        """One environment instance and trajectory per record (a sample's row columns), reset concurrently."""
         envs = [_Isolated(self.environment()) for _ in records]
         started = await asyncio.gather(*(self._reset(env, row, limit, clock) for env, row in zip(envs, records)))
         trajectories, renderers = self._start(started, fallback_prompts, records)
-        try:
-            for turn in range(1, self.max_turns + 1):
-                live = [i for i, t in enumerate(trajectories) if not t.finished]
-                if not live:
-                    break
-                self._generate_turn(generate, [trajectories[i] for i in live], [renderers[i] for i in live], sampling)
-                acting = [i for i in live if not trajectories[i].finished]
-                results = await asyncio.gather(*(
-                    self._step(envs[i], self._action(trajectories[i], turn), limit, clock) for i in acting))
-                for i, (result, error) in zip(acting, results):
-                    try:
-                        self._apply(trajectories[i], renderers[i], result, error, last_turn=turn == self.max_turns)
-                    except Exception as err:  # what the environment returned broke this rollout, not the others
-                        _fail(trajectories[i], f"step {turn}: {_one_line(err)}", records[i])
-        finally:
-            await asyncio.gather(*(self._close(env, limit) for env in envs))
+        return [Conversation(*parts) for parts in zip(envs, trajectories, renderers, records)]
+
+    async def advance(self, generate: Generate, conversations: Sequence[Conversation], sampling: SamplingParams,
+                      limit: asyncio.Semaphore, clock: Clock) -> None:
+        """One assistant turn for every live one of `conversations` (one `generate` call), then one environment
+        step each, concurrently. Each conversation counts its own turns (partial rollouts mix ages)."""
+        live = [c for c in conversations if not c.trajectory.finished]
+        if not live:
+            return
+        self._generate_turn(generate, [c.trajectory for c in live], [c.renderer for c in live], sampling)
+        acting = [c for c in live if not c.trajectory.finished]
+        results = await asyncio.gather(*(
+            self._step(c.env, self._action(c.trajectory, len(c.trajectory.turns)), limit, clock) for c in acting))
+        for c, (result, error) in zip(acting, results):
+            turn = len(c.trajectory.turns)
+            try:
+                self._apply(c.trajectory, c.renderer, result, error, last_turn=turn >= self.max_turns)
+            except Exception as err:  # what the environment returned broke this rollout, not the others
+                _fail(c.trajectory, f"step {turn}: {_one_line(err)}", c.record)
+
+    async def close_conversations(self, conversations: Sequence[Conversation], limit: asyncio.Semaphore) -> None:
+        """Close their environments and settle how each ended (a masked loss where an error or a limit cut it)."""
+        open_ones = [c for c in conversations if not c.closed]
+        for c in open_ones:
+            c.closed = True
+        await asyncio.gather(*(self._close(c.env, limit) for c in open_ones))
         truncated = ("max_turns", "max_tokens", "length") if self.mask_truncated else ()
-        for t in trajectories:
+        for c in open_ones:
+            t = c.trajectory
             t.finish("max_turns")
             if t.finish_reason in ("error", "prompt_too_long") or t.finish_reason in truncated:
                 t.loss_mask = [0] * len(t.loss_mask)
-        return trajectories, clock.seconds
 
     def _start(self, started: list, fallback_prompts: list[list[int]], records: list[dict]
                ) -> tuple[list[Trajectory], list[ChatRenderer]]:
@@ -205,10 +212,11 @@ class AgentRollout:
         turn = dataclasses.replace(sampling, n=1, max_new_tokens=max(budget, 1))
         out = generate(_prompt_batch([t.all_ids for t in live], self.tokenizer.pad_token_id), turn)
         lengths = out["response_mask"].sum(dim=1).tolist()
+        versions = out["policy_version"].tolist() if "policy_version" in out else [None] * len(live)  # async rollout
         for row, (t, renderer) in enumerate(zip(live, renderers)):
             n = int(lengths[row])
             t.add_sampled(renderer, out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist(),
-                          temperature=turn.logit_temperature)
+                          temperature=turn.logit_temperature, version=versions[row])
             if not t.turn_stopped:  # cut by max_new_tokens before its end-of-turn token: nothing can follow
                 t.finish("length")
 
@@ -265,7 +273,7 @@ class AgentRollout:
         return {**message, "content": content[:limit] + f"... (truncated: {len(content) - limit} more characters)"}
 
     # ------------------------------------------------- environment calls
-    async def _reset(self, env: _Isolated, row: Mapping, limit: asyncio.Semaphore, clock: _Clock):
+    async def _reset(self, env: _Isolated, row: Mapping, limit: asyncio.Semaphore, clock: Clock):
         """(messages, tool schemas or None, error or None)."""
         try:
             async with limit, clock:
@@ -277,7 +285,7 @@ class AgentRollout:
             log.warning("environment reset failed for row %s: %s", row.get("uid"), _one_line(err))
             return None, None, f"reset: {_one_line(err)}"
 
-    async def _step(self, env: _Isolated, action: Action, limit: asyncio.Semaphore, clock: _Clock):
+    async def _step(self, env: _Isolated, action: Action, limit: asyncio.Semaphore, clock: Clock):
         """(StepResult, None) or (None, what went wrong)."""
         try:
             async with limit, clock:
@@ -299,6 +307,29 @@ class AgentRollout:
             log.warning("environment close failed: %s: %s", type(err).__name__, err)
         finally:
             env.stop()
+
+
+@dataclasses.dataclass
+class Conversation:
+    """One rollout in progress: its environment (on a thread of its own), trajectory, renderer and row."""
+
+    env: _Isolated
+    trajectory: Trajectory
+    renderer: ChatRenderer
+    record: dict
+    closed: bool = False
+
+
+def prompt_records(prompts: Batch, n: int) -> tuple[list[dict], list[list[int]]]:
+    """Each sample's row columns (what its environment's reset reads) and its prompt ids without padding (the
+    start of a conversation whose reset failed): `n` per prompt row, adjacent."""
+    if not prompts.non_tensors:
+        raise ValueError("AgentRollout: the prompts carry no row columns for the environments' reset (a "
+                         "PromptDataset batch has uid, data_source, ground_truth, extra_info and raw_prompt)")
+    columns = prompts.non_tensors
+    records = [{k: columns[k][i] for k in columns} for i in range(len(prompts)) for _ in range(n)]
+    ids = [row[m.bool()].tolist() for row, m in zip(prompts["input_ids"], prompts["attention_mask"])]
+    return records, [p for p in ids for _ in range(n)]
 
 
 class EnvironmentExit(Exception):
@@ -390,7 +421,7 @@ class _Isolated:
             pass
 
 
-class _Clock:
+class Clock:
     """Wall seconds during which at least one environment call ran (`timing_s/env`)."""
 
     def __init__(self):

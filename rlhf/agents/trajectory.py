@@ -133,6 +133,9 @@ class Trajectory:
     turn_stopped: bool = True  # the last assistant turn ended on an end-of-turn token
     info: dict[str, Any] = dataclasses.field(default_factory=dict)  # counters (tool calls, errors by kind)
     temperatures: list[float] = dataclasses.field(default_factory=list)  # each turn's log-prob temperature, if known
+    # the policy version that sampled each assistant turn (asynchronous rollout; a turn is one generate call, so
+    # one version): with partial rollouts a conversation's turns may come from several versions; empty: unknown
+    turn_versions: list[int] = dataclasses.field(default_factory=list)
     prompt_ends_turn: bool = False  # the prompt ends with a sampled assistant turn (a gateway fork): the next
     #                                 observation starts with what the template writes after that turn
 
@@ -170,14 +173,14 @@ class Trajectory:
             self.finish_reason = reason
 
     def add_sampled(self, renderer: ChatRenderer, ids: Sequence[int], log_probs: Sequence[float],
-                    temperature: float | None = None) -> str:
+                    temperature: float | None = None, version: int | None = None) -> str:
         """Append one assistant turn's engine tokens verbatim (cut to the budget); returns its text.
 
         The turn's message in the history is its decoded text without the end-of-turn token. A
         turn cut by the token budget ends the trajectory ("max_tokens"); whether a turn that did not
         end on an end-of-turn token ends it is the caller's choice (the agent loop: "length").
         `temperature`: the one its log-probs were computed at (`SamplingParams.logit_temperature`),
-        recorded per turn for `trajectory_batch`.
+        recorded per turn for `trajectory_batch`; `version`: the policy version of the weights that sampled it.
         """
         if len(ids) != len(log_probs):
             raise ValueError(f"add_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
@@ -194,6 +197,8 @@ class Trajectory:
         self.turn_stopped = stopped
         if temperature is not None:
             self.temperatures.append(float(temperature))
+        if version is not None:
+            self.turn_versions.append(int(version))
         text = renderer.decode(ids[:-1] if stopped else ids)
         self.messages.append({"role": "assistant", "content": text})
         return text
@@ -235,6 +240,7 @@ class Trajectory:
             "log_probs": self.log_probs, "messages": self.messages, "turns": [list(t) for t in self.turns],
             "finish_reason": self.finish_reason, "rewards": self.rewards, "info": self.info,
             "max_response_tokens": self.max_response_tokens, "temperatures": self.temperatures,
+            "turn_versions": self.turn_versions,
         }
 
     @classmethod
@@ -251,7 +257,7 @@ class Trajectory:
             loss_mask=[int(m) for m in _numbers(data, "loss_mask")], log_probs=_numbers(data, "log_probs"),
             turns=[tuple(t) for t in data.get("turns", [])], finish_reason=data.get("finish_reason"),
             rewards=_numbers(data, "rewards"), info=dict(data.get("info", {})),
-            temperatures=_numbers(data, "temperatures"),
+            temperatures=_numbers(data, "temperatures"), turn_versions=[int(v) for v in _numbers(data, "turn_versions")],
         )
 
 

@@ -54,6 +54,7 @@ OnStale = Literal["wait", "drop"]
 Weights = Literal["newest", "fixed_lag"]
 Transport = Literal["auto", "broadcast", "object_store"]
 QUEUE_FOLDER = "rollout_queue"  # in a checkpoint: the batches generated ahead of the trainer
+POOL_FILE = "partial_pool.json"  # in a checkpoint: the prompts of the conversations running (partial rollouts)
 SEED_STRIDE_PER_CALL = 1_000_000_007  # seed offset between the generate calls of one rollout (a prime)
 
 # produce(prompts, more_prompts, timing, generate) -> (scored batch, metrics): RLTrainer's production code
@@ -61,9 +62,26 @@ Produce = Callable[..., tuple[Batch, dict[str, float]]]
 
 
 def staleness_metrics(batch: Batch, step: int) -> dict[str, float]:
-    """`async/staleness/mean|max` of a batch trained at step `step` (policy version step-1)."""
+    """`async/staleness/mean|max` of a batch trained at step `step` (policy version step-1), counted per sample
+    against its oldest token; with per-token versions (`token_policy_version`, multi-turn rollouts) also how
+    many versions each sample's sampled tokens span (`async/versions_per_sample/*`) and how many samples span
+    more than one (`async/partial_samples`: conversations continued on newer weights, partial rollouts)."""
     stale = (step - 1 - batch["policy_version"]).float()
-    return {"async/staleness/mean": float(stale.mean()), "async/staleness/max": float(stale.max())}
+    metrics = {"async/staleness/mean": float(stale.mean()), "async/staleness/max": float(stale.max())}
+    if "token_policy_version" in batch:
+        spans = versions_per_sample(batch["token_policy_version"]).float()
+        metrics.update({"async/versions_per_sample/mean": float(spans.mean()),
+                        "async/versions_per_sample/max": float(spans.max()),
+                        "async/partial_samples": float((spans > 1).sum())})
+    return metrics
+
+
+def versions_per_sample(token_versions: torch.Tensor) -> torch.Tensor:
+    """(B,) the number of distinct policy versions among each row's sampled tokens (`token_policy_version`
+    (B,T), -1 where nothing was sampled); 0 for a row that sampled nothing."""
+    ordered = token_versions.sort(dim=1).values
+    changes = (ordered[:, 1:] != ordered[:, :-1]) & (ordered[:, 1:] >= 0)
+    return changes.sum(dim=1) + (ordered[:, :1] >= 0).squeeze(1).long()
 
 
 # --------------------------------------------------------------------------------------- synchronous
@@ -109,10 +127,13 @@ class QueuedRollouts:
 
     state: dict[str, Any]
     rollouts: list[Rollout]
+    pool: list[dict] = dataclasses.field(default_factory=list)  # partial rollouts: groups to restart on resume
 
     def write(self, folder: Path) -> None:
         if self.rollouts:
             write_rollouts(Path(folder) / QUEUE_FOLDER, self.rollouts)
+        if self.pool:
+            (Path(folder) / POOL_FILE).write_text(json.dumps(self.pool, default=_plain))
 
 
 class RolloutPipeline:
@@ -212,6 +233,8 @@ class RolloutPipeline:
                         with self._cond:
                             self._weight_sync += time.perf_counter() - started
                     batch, metrics = self._produce(index, version)
+                    if "policy_version" in batch:  # partial rollouts: carried conversations hold older tokens
+                        version = int(batch["policy_version"].min())
                 with self._cond:
                     self._queue.append(Rollout(index, version, batch, metrics))
                     self._next_index += 1
@@ -221,6 +244,20 @@ class RolloutPipeline:
             with self._cond:
                 self._error, self._producing = err, False
                 self._cond.notify_all()
+
+    def refresh(self) -> None:
+        """Between the generate calls of a production (partial rollouts; the producer thread): load the newest
+        published weights when they are newer than the rollout side's."""
+        with self._cond:
+            version = self._published
+            if version is None or version == self._loaded:
+                return
+            self._loading = version  # kept by the transport until loaded (`publish`)
+        started = time.perf_counter()
+        self._load(version)
+        with self._cond:
+            self._loaded = version
+            self._weight_sync += time.perf_counter() - started
 
     @contextlib.contextmanager
     def _turn(self) -> Iterator[None]:
@@ -365,19 +402,31 @@ class AsyncRollout:
         # one process it is the snapshot itself; NCCL cannot pair two ranks on one GPU)
         transport: Transport = "auto",
         max_queued: PositiveInt | None = None,  # batches waiting in the queue at most; None: max_staleness + 1
+        # multi-turn conversations outlive their batch and continue on newer weights (rlhf.agents.partial). Off by
+        # default: a batch then holds the groups that ended first, not its own prompts; conversations that outlive
+        # the bound are dropped (a bias against long ones, counted in async/partial_dropped); a resumed run
+        # restarts the running ones from their prompts. Streaming only (weights="newest", on_stale="wait")
+        partial_rollouts: bool = False,
     ):
         check_choice("AsyncRollout.on_stale", on_stale, OnStale)
         check_choice("AsyncRollout.weights", weights, Weights)
         check_choice("AsyncRollout.transport", transport, Transport)
         if weights == "fixed_lag" and on_stale == "drop":
             raise ValueError("AsyncRollout: with weights='fixed_lag' no batch is ever past the bound; use on_stale='wait'")
+        if partial_rollouts and (weights != "newest" or on_stale != "wait"):
+            raise ValueError(
+                f"AsyncRollout(partial_rollouts=True) continues conversations on the newest weights and drops each one "
+                f"that outlives max_staleness itself, so it needs weights='newest' and on_stale='wait' (got "
+                f"weights={weights!r}, on_stale={on_stale!r}): use fiddler:streaming(partial_rollouts=True)")
         self.rollout = rollout
         self.max_staleness = max_staleness
         self.on_stale = on_stale
         self.weights = weights
         self.transport = transport
         self.max_queued = max_queued
+        self.partial_rollouts = partial_rollouts
         # set by `start` for one run
+        self._carry = None  # partial rollouts: the pool of conversations carried between batches (PartialRollouts)
         self.policy = None
         self._pipeline: RolloutPipeline | None = None
         self._transport: Transport = transport
@@ -395,6 +444,9 @@ class AsyncRollout:
                     if s == 1 else f"{s} steps off: batch k is generated with the weights of version k-1-{s}")
         else:
             mode = f"streaming with the newest weights, at most {s} versions stale ({on_stale} past the bound)"
+            if arguments.get("partial_rollouts"):
+                mode += ("; partial rollouts: conversations running at a weight update continue on the new weights, "
+                         "every token tagged with its version")
         name = getattr(arguments["rollout"], "name", None)
         spec = groups.get(name)
         if spec is not None and spec.colocate_with:
@@ -419,10 +471,17 @@ class AsyncRollout:
         total_steps: int,
         seed: int,
         resumed: tuple[Mapping[str, Any], Path] | None = None,  # (checkpoint state, checkpoint folder)
+        carry=None,  # partial rollouts: the rollout producer's pool (rlhf.agents.partial.PartialRollouts)
     ) -> AsyncRollout:
         """Begin producing for steps start_step+1 .. total_steps (a resumed run first trains on the batches
-        its checkpoint queued)."""
+        its checkpoint queued, after restarting the conversations it held running)."""
+        if self.partial_rollouts and carry is None:
+            raise ValueError("AsyncRollout(partial_rollouts=True) needs the rollout producer's pool of conversations "
+                             "(RLTrainer passes it for an AgentRollout)")
         self.policy = policy
+        self._carry = carry if self.partial_rollouts else None
+        if self._carry is not None and resumed is not None and (resumed[1] / POOL_FILE).exists():
+            self._carry.restart(json.loads((resumed[1] / POOL_FILE).read_text()))
         state, queued = {}, []
         if resumed is not None and resumed[0]:
             state = dict(resumed[0])
@@ -447,15 +506,18 @@ class AsyncRollout:
             calls = itertools.count()  # an agent loop's turns, DAPO's rounds: each call samples with its own seed
 
             def generate(prompts: Batch, sampling) -> Batch:
+                if self._carry is not None:  # partial rollouts: every turn on the newest weights
+                    self._pipeline.refresh()
                 return self.rollout.generate(prompts, sampling, rollout_seed + next(calls) * SEED_STRIDE_PER_CALL)
 
-            batch, metrics = produce(self._next_prompts(), self._next_prompts, timing, generate=generate)
+            extra = {}
+            if self._carry is not None:
+                self._carry.oldest_allowed = self._pipeline.target(index)
+                extra = {"carry": self._carry}
+            batch, metrics = produce(self._next_prompts(), self._next_prompts, timing, generate=generate, **extra)
             if time_sliced:
                 self.rollout.sleep()
-            versions = set(batch["policy_version"].tolist())
-            if versions != {version}:
-                raise RuntimeError(f"rollout {index} was to be generated with policy version {version}, but its "
-                                   f"samples carry {sorted(versions)}: the weights did not reach the rollout group")
+            self._check_versions(index, version, batch)
             return batch, {**metrics, **timing}
 
         self._pipeline = RolloutPipeline(
@@ -467,6 +529,17 @@ class AsyncRollout:
         self._pipeline.publish(start_step, self._send)  # the rollout side starts from the trainer's weights
         self._pipeline.start()
         return self
+
+    def _check_versions(self, index: int, version: int, batch: Batch) -> None:
+        """A batch holds only the versions it may: the one loaded for it, or with partial rollouts any from the
+        oldest its step allows to the newest published."""
+        versions = set(batch["policy_version"].tolist())
+        if self._carry is None and versions != {version}:
+            raise RuntimeError(f"rollout {index} was to be generated with policy version {version}, but its "
+                               f"samples carry {sorted(versions)}: the weights did not reach the rollout group")
+        if self._carry is not None and min(versions) < self._pipeline.target(index):
+            raise RuntimeError(f"rollout {index} holds tokens of policy version {min(versions)}, older than the "
+                               f"{self._pipeline.target(index)} its step allows: a carried conversation was not dropped")
 
     def _next_prompts(self) -> Batch:
         self._drawn += 1
@@ -505,16 +578,19 @@ class AsyncRollout:
         """The queue and producer state for a checkpoint at step `step`; the producer waits meanwhile."""
         queued, state = self._pipeline.pause(step)
         position = getattr(self._prompts, "position", None)
+        pool = self._carry.pending() if self._carry is not None else []  # running conversations: restarted on resume
         try:
             yield QueuedRollouts({"async_rollout": {**state, "drawn": self._drawn,
                                                     "data_position": dict(position) if position else None},
-                                  "data_position": None}, queued)
+                                  "data_position": None}, queued, pool)
         finally:
             self._pipeline.unpause()
 
     def close(self) -> None:
         if self._pipeline is not None:
             self._pipeline.close()
+        if self._carry is not None:
+            self._carry.close()
         if self._pipeline is not None and self._transport == "broadcast":
             with contextlib.suppress(Exception):  # the groups may be gone already (an error stopped the run)
                 self.rollout.disconnect_weights()

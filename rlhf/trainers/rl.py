@@ -43,6 +43,7 @@ from rlhf.algos import (
     kl_k1,
     pf_ppo_resample,
 )
+from rlhf.agents.partial import PartialRollouts
 from rlhf.algos.pf_ppo import Weighting
 from rlhf.algos.requirements import estimator_needs, setup_problems
 from rlhf.batch import Batch
@@ -74,8 +75,12 @@ class NonFiniteTrainingError(FloatingPointError):
 
 
 def _refuse_bad_setups(train_data, reward: RewardManager | None, advantage, sampling: SamplingParams, *, critic,
-                       dynamic_sampling, reward_model) -> None:
-    """Raise ValueError for what RLTrainer cannot run (the same setups preflight refuses), before any model work."""
+                       dynamic_sampling, reward_model, partial_rollouts: tuple = (None, None)) -> None:
+    """Raise ValueError for what RLTrainer cannot run (the same setups preflight refuses), before any model work.
+    `partial_rollouts`: (rollout, async_rollout), checked when the async rollout continues conversations."""
+    rollout, async_rollout = partial_rollouts
+    if async_rollout is not None and async_rollout.partial_rollouts:
+        _refuse_partial_rollouts(rollout, advantage, dynamic_sampling)
     if reward is None and reward_model is None:
         raise ValueError("RLTrainer: reward=None needs a reward model to score the samples (reward_model=...: "
                          "rlhf_configs.tasks.use_reward_model, or --config 'fiddler:reward_model(path=...)').")
@@ -91,6 +96,19 @@ def _refuse_bad_setups(train_data, reward: RewardManager | None, advantage, samp
             "RLTrainer.reward_model re-renders each prompt with its own chat template, so it needs the "
             "chat messages: build train_data with PromptDataset(raw_prompt=True)."
         )
+
+
+def _refuse_partial_rollouts(rollout, advantage, dynamic_sampling) -> None:
+    """Raise ValueError where partial rollouts cannot run: they carry multi-turn conversations between batches, so
+    a batch is the groups that ended first, not one call's answers to its own prompts."""
+    PartialRollouts(rollout)  # an AgentRollout, or a ValueError saying why not
+    if dynamic_sampling is not None:
+        raise ValueError("RLTrainer: dynamic_sampling (DAPO's rounds) with AsyncRollout(partial_rollouts=True): the rounds "
+                         "re-run the step's prompts, which partial rollouts may still hold running; turn one off")
+    if estimator_needs(advantage).baseline_rollout:
+        raise ValueError("RLTrainer: ReMax's greedy baseline rollout with AsyncRollout(partial_rollouts=True): the "
+                         "baseline answers the step's prompts, but the batch holds the groups that ended first; use "
+                         "GRPO-style group baselines or turn partial rollouts off")
 
 
 class RLTrainer:
@@ -143,7 +161,7 @@ class RLTrainer:
         seed: NonNegativeInt = 0,
     ):
         _refuse_bad_setups(train_data, reward, advantage, sampling, critic=critic, dynamic_sampling=dynamic_sampling,
-                           reward_model=reward_model)
+                           reward_model=reward_model, partial_rollouts=(rollout, async_rollout))
         self.policy = policy
         self.tokenizer = tokenizer
         self.train_data = train_data
@@ -277,9 +295,10 @@ class RLTrainer:
             # the policy group's engine stays awake through a rollout's calls (turns); `_produce` puts it to sleep
             produce = functools.partial(self._rollout, generate=functools.partial(self.policy.generate, keep_awake=True))
             return SyncRollout(produce, prompts_from(start, self._data_position))
+        carry = PartialRollouts(self.rollout) if self.async_rollout.partial_rollouts else None
         return self.async_rollout.start(policy=self.policy, produce=self._rollout, prompts_from=prompts_from,
                                         start_step=start, total_steps=self.total_steps, seed=self.seed,
-                                        resumed=self._resumed_rollout)
+                                        resumed=self._resumed_rollout, carry=carry)
 
     def step(self, rollouts: SyncRollout | AsyncRollout, columns: dict[str, bool], step: int) -> tuple[dict[str, float], Batch]:
         """One RL step on the batch `rollouts` hands over; returns its metrics and the scored batch. `columns`: the
@@ -342,10 +361,13 @@ class RLTrainer:
 
     def _rollout(
         self, prompts: Batch, more_prompts: Callable[[], Batch] | None, timing: dict[str, float], *,
-        generate: Callable[[Batch, SamplingParams], Batch],
+        generate: Callable[[Batch, SamplingParams], Batch], carry: PartialRollouts | None = None,
     ) -> tuple[Batch, dict[str, float]]:
         """The step's scored samples: one round, or DAPO's rounds until enough groups with reward spread.
-        `generate`: the policy group's, or the rollout group's in asynchronous rollout."""
+        `generate`: the policy group's, or the rollout group's in asynchronous rollout; `carry`: partial rollouts'
+        pool (the batch is the groups that ended first, `more_prompts` feeds the pool)."""
+        if carry is not None:
+            return self._generate_and_score(prompts, timing, generate, carry=carry, more_prompts=more_prompts)
         if self.dynamic_sampling is None:
             return self._generate_and_score(prompts, timing, generate)
         rounds: list[dict[str, float]] = []
@@ -362,22 +384,26 @@ class RLTrainer:
         return batch, metrics
 
     def _produce(
-        self, prompts: Batch, sampling: SamplingParams, generate: Callable[[Batch, SamplingParams], Batch]
+        self, prompts: Batch, sampling: SamplingParams, generate: Callable[[Batch, SamplingParams], Batch],
+        carry: PartialRollouts | None = None, more_prompts: Callable[[], Batch] | None = None,
     ) -> tuple[Batch, dict[str, float]]:
         """The rollout producer's batch and metrics with `generate`, in sync and async mode alike: the policy
         group's (its engine kept awake between the rollout's calls, then put to sleep for the update) or, in
         asynchronous rollout, the rollout group's."""
         try:
+            if carry is not None:
+                return carry.rollout(generate, prompts, sampling, more_prompts)
             return self.rollout.rollout(generate, prompts, sampling)
         finally:
             if self.async_rollout is None:
                 self.policy.sleep_engine()
 
     def _generate_and_score(
-        self, prompts: Batch, timing: dict[str, float], generate: Callable[[Batch, SamplingParams], Batch]
+        self, prompts: Batch, timing: dict[str, float], generate: Callable[[Batch, SamplingParams], Batch],
+        carry: PartialRollouts | None = None, more_prompts: Callable[[], Batch] | None = None,
     ) -> tuple[Batch, dict[str, float]]:
         with timed(timing, "gen"):
-            batch, produced = self._produce(prompts, self.sampling, generate)
+            batch, produced = self._produce(prompts, self.sampling, generate, carry, more_prompts)
         with timed(timing, "reward"):
             scores, metrics = score_rollout(batch, self.tokenizer, self.reward, self.reward_model,
                                             self.reward_model_weight, self.rule_weight)
