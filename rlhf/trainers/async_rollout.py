@@ -25,6 +25,11 @@ paused after the batch it is making (with a fixed lag, after every batch that ne
 the checkpoint's), the queue and the data position are saved, and a resumed run trains on exactly those
 batches before generating new ones from the checkpoint's weights.
 
+Partial rollouts (`partial_rollouts=True`, streaming only; rlhf.agents.partial): multi-turn conversations outlive
+their batch, the producer loads the newest published weights between turns (`RolloutPipeline.refresh`), every
+turn keeps its version, and a batch's version is its oldest token's; a checkpoint keeps the prompts of the
+conversations still running (`POOL_FILE`) to restart them on resume.
+
 Placement is the rollout group's: its own resources (generation and training overlap), or colocated with
 the policy group (one device, time-sliced: the producer and the trainer take turns, and the engine sleeps
 while the trainer runs).
