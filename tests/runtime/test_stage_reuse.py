@@ -44,12 +44,13 @@ def test_a_later_run_in_the_same_folder_reuses_it_when_asked_and_the_last_stage_
     assert "reused_from" not in run_experiment(graph)["train"]  # a single run: off unless asked
     assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 2
     graph.reuse_upstream = True
+    assert "reused_from" not in run_experiment(graph)["train"]  # runs with reuse on index what they finish
     again = run_experiment(graph)
     assert "reused_from" in again["train"] and again["read"]["metrics"]["toy/read"] == pytest.approx(0.1)
-    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 2
+    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 3
     graph.reuse_upstream = False  # off: it runs again
     assert "reused_from" not in run_experiment(graph)["train"]
-    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 3
+    assert len(checkpoints(tmp_path / "out", "train", "ckpt.txt")) == 4
 
 
 def test_a_reused_stage_whose_folder_was_deleted_runs_again(tmp_path):
