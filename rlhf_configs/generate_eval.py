@@ -39,10 +39,11 @@ def rollout_engine(name: str, dtype: str, max_model_len: int):
     return vllm if engine_class(name) is VLLMEngine else hf
 
 
-def fit_engine_context(graph: fdl.Config) -> fdl.Config:
-    """Raise each GenerationStage's vLLM context (`max_model_len`, where its engine node sets one) to the
-    stage's prompt + response limit, after the command line changed them (`--max-new-tokens`, `set:`): a
-    shorter context would refuse the longest prompts with their responses; a longer one set on purpose stays."""
+def fit_engine_context(graph: fdl.Config, keep_longer: bool = False) -> fdl.Config:
+    """Set each GenerationStage's vLLM context (`max_model_len`, where its engine node sets one) to the stage's
+    prompt + response limit, after the command line changed them (`--max-new-tokens`, `set:`): the builder's
+    value came from its default lengths, which may exceed the model's positions (vLLM refuses that) or fall short
+    of the new limits. `keep_longer`: a context the user set (`set:...max_model_len=`) stays where it is longer."""
     for stage in graph.stages.values():
         generation = stage if fdl.get_callable(stage) is GenerationStage else getattr(stage, "generation", None)
         if generation is None:
@@ -51,7 +52,7 @@ def fit_engine_context(graph: fdl.Config) -> fdl.Config:
         engine = engine.vllm if fdl.get_callable(engine) is AutoEngine else engine
         if fdl.get_callable(engine) is VLLMEngine and "max_model_len" in engine.__arguments__:
             need = generation.dataset.max_prompt_length + generation.sampling.max_new_tokens
-            engine.max_model_len = max(engine.max_model_len or 0, need)
+            engine.max_model_len = max(engine.max_model_len or 0, need) if keep_longer else need
     return graph
 
 

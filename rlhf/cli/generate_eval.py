@@ -136,7 +136,8 @@ def _with_flags(p, graph, args, flags, overrides):
     """The graph with the knob flags and the `set:`/`fiddler:` words, its vLLM context fitted to its lengths."""
     from rlhf_configs.generate_eval import fit_engine_context
 
-    return fit_engine_context(apply_graph_flags(p, graph, args, flags, overrides))
+    graph = apply_graph_flags(p, graph, args, flags, overrides)
+    return fit_engine_context(graph, keep_longer=any("max_model_len" in str(word) for word in overrides))
 
 
 def generate_graph(argv: Sequence[str]):

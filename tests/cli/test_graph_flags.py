@@ -62,6 +62,12 @@ def test_generate_flags_are_their_set_overrides_and_the_vllm_context_follows_the
                     f"set:{g}.dataset.rows.limit=3")
     assert flags == sets
     assert flags.stages["generate"].policy.worker.engine.vllm.max_model_len == 1024 + 2000  # prompt + new tokens
+    # shorter limits shrink it too (the builder's default 1024 + 512 may exceed a small model's positions: vLLM
+    # refuses a context longer than the model's), unless the user set a longer one
+    short = generate("--max-prompt-length", "128", "--max-new-tokens", "6").stages["generate"]
+    assert short.policy.worker.engine.vllm.max_model_len == 134
+    kept = generate("--max-new-tokens", "6", f"set:{g}.policy.worker.engine.vllm.max_model_len=4096")
+    assert kept.stages["generate"].policy.worker.engine.vllm.max_model_len == 4096
 
 
 def test_eval_and_probe_flags_are_their_set_overrides(capsys):
