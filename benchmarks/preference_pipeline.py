@@ -37,20 +37,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from transfer import wilson  # noqa: E402
+from transfer import CurveTracker, wilson  # noqa: E402  (set_params, the context manager, hash)
 
 GOLD = "val-core/direct_answer/reward/mean@1"
 TARGETS = {"rm_heldout_accuracy": 0.80, "gold_gain_rl": 0.15, "gold_gain_dpo": 0.10, "length_only_at_most": 0.60,
            "stage_minutes_at_most": 20.0}
 
 
-class StageCurves:
+class StageCurves(CurveTracker):
     """A tracker that keeps each stage's logged metrics in memory, with the wall time each stage started."""
 
     curves: dict[str, list[dict]] = {}
     started: dict[str, float] = {}
     current = ""
-    hash = None
 
     def start_run(self, stage: str, **lineage) -> StageCurves:
         StageCurves.current = stage
@@ -64,15 +63,6 @@ class StageCurves:
         shown = {k: round(v, 4) for k, v in point.items() if k in ("step", "reward/model/mean", "reward/rule/mean",
                  "rm/accuracy", "rewards/accuracies", "timing_s/step", GOLD)}
         print(StageCurves.current, json.dumps(shown), flush=True)
-
-    def set_params(self, params: Mapping) -> None:
-        pass
-
-    def __enter__(self) -> StageCurves:
-        return self
-
-    def __exit__(self, *exc) -> bool:
-        return False
 
 
 def length_only_accuracy(pairs: list[dict]) -> dict[str, float]:

@@ -3,7 +3,7 @@ then GRPO against the learned reward model with a KL penalty, the gold rule watc
 
 The gold rule (`rlhf.rewards.direct_answer`) prefers answers that open by naming what was asked about ("What is a
 comet?" -> "A comet is ..."): style, read from the answer's first three words, so length says nothing about it.
-SmolLM2-135M-Instruct opens that way in about 70% of its greedy answers to these prompts
+SmolLM2-135M-Instruct opens that way in 82% of its greedy answers to the 273 held-out prompts
 (`rlhf.data.generators.topic_prompt_rows`: 12 ways of asking about ~140 things).
 
     samples  the instruct model answers each training prompt 4 times; the gold rule scores the answers

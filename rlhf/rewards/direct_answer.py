@@ -2,9 +2,9 @@
 
 "What is a comet?" -> "A comet is a small, icy body ..." opens with its subject (a direct answer);
 "In the vast darkness of space, ..." or "Great question! ..." does not. The rule reads only the
-answer's first `words` words, so how long the answer runs says nothing about it: a length-only scorer
-ranks pairs labelled by it no better than chance would (measured with the pipeline in
-experiments/smollm2_rlhf.py). It is the labeller of that pipeline's preference pairs and the gold score
+answer's first `words` words, so length is not part of it; yet on SmolLM2's pairs "the longer answer wins" was
+right 60.4% of the time (answers that name their subject early run on a little longer within a 32-token cut;
+benchmarks/preference_pipeline.py with experiments/smollm2_rlhf.py). It is the labeller of that pipeline's preference pairs and the gold score
 watched beside the learned reward model in RL.
 
 Rows (`rlhf.data.generators.topic_prompt_rows`, data_source "direct_answer") carry the subject as their
