@@ -94,6 +94,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
                      "n_per_method": None if quick else recipe_samples(),
                      "prompts_per_step": 2 if quick else 8, "max_new_tokens": 8 if quick else 64},
         "kl_estimator": "k1 (log pi - log mu, the advantage negated; no KL to a reference)",
+        "seed": args.seed,
     }
 
 
@@ -155,6 +156,8 @@ def rl_stage(method: str, s: dict, student: str, teacher: str | None):
         stage = tasks.base(task="arithmetic", model=student, steps=steps, lr=lr).stages["grpo"]
     _shrink(stage, s)
     stage.test_freq = s["eval_every"] if method != "teacher" else 0
+    if method != "teacher":  # the prompts' order and the sampling's random numbers; the teacher stays the same
+        stage.seed = s.get("seed", 0)
     return stage
 
 
@@ -403,6 +406,7 @@ def main() -> int:
     p.add_argument("--sft-temperature", type=float, default=0.0, help="the teacher's sampling for sft (0: greedy)")
     p.add_argument("--eval-every", type=int, default=4, help="steps between held-out validations (and at the end)")
     p.add_argument("--parallel", type=int, default=1, help="methods at a time (timings compare only at 1)")
+    p.add_argument("--seed", type=int, default=0, help="the students' prompt order and sampling (repetitions)")
     p.add_argument("--quick", action="store_true", help="the harness on the tiny model, 2 steps each (minutes)")
     p.add_argument("--out", default=None, help="folder for the JSON (default: a temporary folder)")
     p.add_argument("--child", help=argparse.SUPPRESS)

@@ -225,3 +225,18 @@ if __name__ == "__main__":
     for line in upward(found):
         print("  " + line)
     sys.exit(0)
+
+
+MAX_FUNCTION_LINES = 80
+"""A function longer than a screen is doing more than one job: split it (signature and docstring included)."""
+
+
+def test_no_library_function_is_longer_than_a_screen():
+    long = []
+    for path in sorted((ROOT / "rlhf").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"

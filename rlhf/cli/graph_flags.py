@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GraphFlag", "HelpFormatter", "add_graph_flags", "apply_graph_flags", "split_overrides"]
+__all__ = ["GraphFlag", "HelpFormatter", "add_graph_flags", "apply_graph_flags", "split_overrides", "training_flags"]
 
 OVERRIDE_HELP = ("Each knob flag is the set: override shown under it. Any set:PATH=VALUE or fiddler:NAME(...) word on\n"
                  "the command line applies after the flags, in order (docs/configuring.md).")
@@ -52,6 +52,40 @@ class GraphFlag:
         also = "".join(f" (and set:{p}={value} where the graph has it)" for p in self.where_set)
         default = "" if self.const is not None else f" (default {self.default})"
         return f"{self.help}{default}\n= {alias}{also}".replace("%", "%%")
+
+
+def training_flags(d: dict, stage: str, group: str, rows: str,
+                   max_length: tuple[str, ...] = ()) -> tuple[GraphFlag, ...]:
+    """The knobs every training stage has (`rlhf sft`, `dpo`, `rm`): steps, batch, micro-batch, the optimizer and
+    schedule, the data's length limit, validation and checkpoints, workers, dtype. `d`: the stage builder's
+    defaults (for --help); `stage`/`group`: the paths of the stage and its worker group; `rows`: what a
+    micro-batch counts; `max_length`: more paths the length limit is set at (besides the training and held-out
+    data's)."""
+    worker = f"{group}.worker"
+    return (
+        GraphFlag("--steps", (f"{stage}.total_steps", f"{worker}.lr_scheduler.num_training_steps"), "optimizer steps",
+                  d["steps"], int),
+        GraphFlag("--batch-size", (f"{stage}.batch_size",), "examples (pairs) per step, all workers",
+                  d["batch_size"], int),
+        GraphFlag("--micro-batch-size", (f"{worker}.training.micro_batch_size",),
+                  f"{rows} per forward/backward (gradient accumulation below --batch-size)",
+                  d["micro_batch_size"], int),
+        GraphFlag("--lr", (f"{worker}.optimizer.lr",), "peak learning rate (cosine schedule)", d["lr"], float),
+        GraphFlag("--warmup-steps", (f"{worker}.lr_scheduler.num_warmup_steps",), "linear warmup steps",
+                  d["warmup_steps"], int),
+        GraphFlag("--max-length", (f"{stage}.data.max_length", *max_length), "longer examples are dropped",
+                  d["max_length"], int, where_set=(f"{stage}.val_data.max_length",)),
+        GraphFlag("--test-freq", (f"{stage}.test_freq",), "validate every k steps (and at the end)", d["test_freq"],
+                  int),
+        GraphFlag("--save-freq", (f"{stage}.save_freq",), "resumable checkpoint every k steps (0: none)",
+                  d["save_freq"], int),
+        GraphFlag("--workers", (f"{group}.num_workers",), "data-parallel workers (Ray)", d["workers"], int),
+        GraphFlag("--gpus-per-worker", (f"{group}.gpus_per_worker",), "GPUs per worker",
+                  d["gpus_per_worker"], float),
+        GraphFlag("--compute-dtype", (f"{worker}.training.compute_dtype",),
+                  "matmul dtype (autocast); the trained weights and optimizer state stay float32",
+                  d["compute_dtype"], choices=["float32", "bfloat16"]),
+    )
 
 
 class HelpFormatter(argparse.RawTextHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

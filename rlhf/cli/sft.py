@@ -15,41 +15,23 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from rlhf.cli.graph_flags import GraphFlag, HelpFormatter, add_graph_flags, apply_graph_flags, split_overrides
+from rlhf.cli.graph_flags import (GraphFlag, HelpFormatter, add_graph_flags, apply_graph_flags, split_overrides,
+                                  training_flags)
 from rlhf.cli.source_defaults import source_defaults
 
-__all__ = ["SFT_FLAGS", "add_run_flags", "sft_graph", "sft_main", "sft_parser"]
+__all__ = ["SFT_FLAGS", "add_lora_flags", "add_output_flags", "lora_fiddler", "sft_graph", "sft_main", "sft_parser"]
 
 S = "stages.sft"
-WORKER = f"{S}.policy.worker"
 
 
 def sft_flags(d: dict) -> tuple[GraphFlag, ...]:
     """The knob flags of `rlhf sft` and their paths in the graph; `d`: `sft_stage`'s defaults, for --help."""
     return (
-        GraphFlag("--steps", (f"{S}.total_steps", f"{WORKER}.lr_scheduler.num_training_steps"), "optimizer steps",
-                  d["steps"], int),
-        GraphFlag("--batch-size", (f"{S}.batch_size",), "examples per step, all workers", d["batch_size"], int),
-        GraphFlag("--micro-batch-size", (f"{WORKER}.training.micro_batch_size",),
-                  "rows per forward/backward (gradient accumulation below --batch-size)", d["micro_batch_size"], int),
-        GraphFlag("--lr", (f"{WORKER}.optimizer.lr",), "peak learning rate (cosine schedule)", d["lr"], float),
-        GraphFlag("--warmup-steps", (f"{WORKER}.lr_scheduler.num_warmup_steps",), "linear warmup steps",
-                  d["warmup_steps"], int),
-        GraphFlag("--max-length", (f"{S}.data.max_length",), "longer examples are dropped", d["max_length"], int,
-                  where_set=(f"{S}.val_data.max_length",)),
+        *training_flags(d, S, f"{S}.policy", "rows"),
         GraphFlag("--max-new-tokens", (f"{S}.evaluator.sampling.max_new_tokens",), "with --accuracy: response limit",
                   d["max_new_tokens"], int, needs="--accuracy"),
-        GraphFlag("--test-freq", (f"{S}.test_freq",), "validate every k steps (and at the end)", d["test_freq"], int),
-        GraphFlag("--save-freq", (f"{S}.save_freq",), "resumable checkpoint every k steps (0: none)",
-                  d["save_freq"], int),
         GraphFlag("--no-bucketing", (f"{S}.bucketed",), "random batches instead of length-bucketed ones",
                   const=False),
-        GraphFlag("--workers", (f"{S}.policy.num_workers",), "data-parallel policy workers (Ray)", d["workers"], int),
-        GraphFlag("--gpus-per-worker", (f"{S}.policy.gpus_per_worker",), "GPUs per policy worker",
-                  d["gpus_per_worker"], float),
-        GraphFlag("--compute-dtype", (f"{WORKER}.training.compute_dtype",),
-                  "matmul dtype (autocast); the trained weights and optimizer state stay float32",
-                  d["compute_dtype"], choices=["float32", "bfloat16"]),
     )
 
 
@@ -73,17 +55,6 @@ def sft_parser() -> argparse.ArgumentParser:
     add_lora_flags(p)
     add_output_flags(p, "sft")
     return p
-
-
-def add_run_flags(p: argparse.ArgumentParser, d: dict, stage: str) -> None:
-    """The flags `rlhf dpo` shares with `rlhf sft` as plain flags: workers, dtype, LoRA, output, runtime, tracking;
-    `d` is the stage builder's defaults, `stage` its name in the output path."""
-    p.add_argument("--workers", type=int, default=d["workers"], help="data-parallel policy workers (Ray)")
-    p.add_argument("--gpus-per-worker", type=float, default=d["gpus_per_worker"])
-    p.add_argument("--compute-dtype", default=d["compute_dtype"], choices=["float32", "bfloat16"],
-                   help="matmul dtype (autocast); the trained weights and optimizer state stay float32")
-    add_lora_flags(p)
-    add_output_flags(p, stage)
 
 
 def add_lora_flags(p: argparse.ArgumentParser) -> None:

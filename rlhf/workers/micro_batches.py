@@ -205,24 +205,33 @@ def split_by_tokens(
         members[j].extend(int(i) for i in unit)
         n_rows[j] += n
         wide_p[j], wide_r[j] = max(wide_p[j], prompt), max(wide_r[j], response)
-    groups = [sorted(m) for m in members]
     unit_of = np.zeros(b, dtype=np.int64)
     for k, unit in enumerate(units):
         unit_of[unit] = k
-    while len(groups) < min(min_micro_batches, b):
-        splittable = [j for j in range(len(groups)) if not whole_units or len(set(unit_of[groups[j]])) > 1]
-        if not splittable:  # every micro-batch is one unit: no more cuts between units
+    groups = _split_to_count([sorted(m) for m in members], min(min_micro_batches, b),
+                             unit_of if whole_units else None)
+    order = np.array([i for g in groups for i in g], dtype=np.int64)
+    parts = [_trim(batch.index(g), p, r, int(prompt_span[g].max()), int(response_span[g].max())) for g in groups]
+    return MicroBatches(parts, order, over_budget)
+
+
+def _split_to_count(groups: list[list[int]], count: int, unit_of: np.ndarray | None) -> list[list[int]]:
+    """Halve the micro-batch with the most rows until there are `count` (FSDP: every rank the same number of
+    forwards). `unit_of` (row -> unit) given: cut only between units, at the boundary nearest the middle, and stop
+    when every micro-batch is a single unit."""
+    groups = list(groups)
+    while len(groups) < count:
+        splittable = [j for j in range(len(groups)) if unit_of is None or len(set(unit_of[groups[j]])) > 1]
+        if not splittable:
             break
         i = max(splittable, key=lambda j: len(groups[j]))
         rows = groups.pop(i)
         cut = len(rows) // 2
-        if whole_units:  # the unit boundary nearest the middle
+        if unit_of is not None:
             bounds = [k for k in range(1, len(rows)) if unit_of[rows[k]] != unit_of[rows[k - 1]]]
             cut = min(bounds, key=lambda k: abs(k - len(rows) / 2))
         groups[i:i] = [rows[:cut], rows[cut:]]
-    order = np.array([i for g in groups for i in g], dtype=np.int64)
-    parts = [_trim(batch.index(g), p, r, int(prompt_span[g].max()), int(response_span[g].max())) for g in groups]
-    return MicroBatches(parts, order, over_budget)
+    return groups
 
 
 def unit_chunks(batch: Batch, rows: int) -> list[np.ndarray]:

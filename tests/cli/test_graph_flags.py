@@ -94,3 +94,36 @@ def test_help_shows_each_knob_flags_set_path_and_marks_the_run_options(command, 
             assert all(f"set:{path}=" in text for path in flag.paths), flag.flag
     assert {"sft": "= set:stages.sft.policy.worker.optimizer.lr=LR", "generate": "= set:stages.generate.sampling.n=N",
             "eval": "= set:stages.eval.ks=KS", "probe": "= set:stages.probe.budgets=BUDGETS"}[command] in text
+
+
+def test_dpo_and_rm_flags_build_the_graphs_their_builders_build():
+    """`rlhf dpo` and `rlhf rm` flags are set: aliases too; given, each lands where the builder's argument does."""
+    from rlhf.cli.dpo import DPO_FLAGS, dpo_graph
+    from rlhf.cli.rm import RM_FLAGS, rm_graph
+    from rlhf_configs.dpo import dpo_experiment, preference_loss
+    from rlhf_configs.reward_model import rm_experiment
+
+    model, common = tiny_model_path(), ["--data", "d.jsonl", "--val", "v.jsonl", "--local", "--quiet"]
+    knobs = ["--steps", "12", "--batch-size", "8", "--lr", "2e-05", "--max-length", "96", "--warmup-steps", "2"]
+    built = dict(local=True, progress=False, steps=12, batch_size=8, lr=2e-5, max_length=96, warmup_steps=2)
+    dpo = dpo_graph([model, *common, *knobs, "--micro-batch-size", "8", "--beta", "0.2"])
+    assert dpo == dpo_experiment(model, "d.jsonl", "v.jsonl", micro_batch_size=4,  # the builder counts pairs
+                                 loss=preference_loss("sigmoid", beta=0.2), **built)
+    rm = rm_graph([model, *common, *knobs, "--micro-batch-size", "4", "--seed", "3",
+                   "--center-rewards-coefficient", "0.01"])
+    assert rm == rm_experiment(model, "d.jsonl", "v.jsonl", micro_batch_size=4, seed=3,
+                               center_rewards_coefficient=0.01, **built)
+    assert rm.stages["rm"].rm.worker.max_length == rm.stages["rm"].val_data.max_length == 96
+    # each flag at the default --help shows leaves the shipped graph as it is
+    for flags, build in ((DPO_FLAGS, dpo_graph), (RM_FLAGS, rm_graph)):
+        for flag in (f for f in flags if f.default is not None and f.const is None):
+            value = {float: "{:g}"}.get(flag.type, "{}").format(flag.default)
+            assert build([model, *common, flag.flag, value]) == build([model, *common]), flag.flag
+
+
+def test_dpo_help_names_each_knobs_set_path(capsys):
+    with pytest.raises(SystemExit):
+        main(["dpo", "--help"])
+    out = capsys.readouterr().out
+    assert "= set:stages.dpo.policy.worker.optimizer.lr=LR" in out
+    assert "--beta" in out

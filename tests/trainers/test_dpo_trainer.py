@@ -53,7 +53,7 @@ def files(tmp_path_factory):
 def test_rlhf_dpo_learns_a_separable_preference_and_caches_the_reference(files, tmp_path, capsys):
     train, val = files
     assert main(["dpo", tiny_model_path(), "--data", train, "--val", val, "--steps", "16", "--batch-size", "8",
-                 "--micro-batch-size", "2", "--lr", "1e-3", "--warmup-steps", "0", "--test-freq", "8",
+                 "--micro-batch-size", "4", "--lr", "1e-3", "--warmup-steps", "0", "--test-freq", "8",
                  "--out", str(tmp_path), "--local", "--quiet"]) == 0
     printed = dict(line.partition(": ")[::2] for line in capsys.readouterr().out.strip().splitlines())
     # before any step the policy is its reference: every held-out margin is 0; after, the held-out pairs are
