@@ -26,6 +26,30 @@ def tiny_model_path(hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -
     )
 
 
+@functools.cache
+def short_answer_model(path: str | None = None) -> str:
+    """`path` (the tiny model) after 40 SFT steps on short arithmetic answers: its sampled turns end on EOS within a
+    few tokens (a random model almost never samples EOS, so its every agent turn would be cut by max_new_tokens).
+    Made once per process, in a temporary folder."""
+    import itertools
+
+    from rlhf.data.generators import arithmetic_rows
+    from rlhf.data.sft import SFTDataset
+    from rlhf.models.loading import load_tokenizer
+    from rlhf.workers.objectives import SFTObjective
+    from rlhf.workers.policy import PolicyWorker
+    from rlhf.workers.training import TrainingSetup
+
+    path = path or tiny_model_path()
+    torch.manual_seed(0)
+    worker = PolicyWorker(path, objective=SFTObjective(), optimizer=functools.partial(torch.optim.AdamW, lr=1e-2),
+                          training=TrainingSetup(micro_batch_size=64))
+    data = SFTDataset(arithmetic_rows(256, seed=5), load_tokenizer(path))
+    for batch in itertools.islice(data.shuffled(64, seed=0, bucketed=False), 40):
+        worker.update(batch)
+    return worker.save(tempfile.mkdtemp(prefix="short-answers-"))
+
+
 def training_knobs(kw: dict, into=None) -> dict:
     """`kw` with TrainingSetup's fields (micro_batch_size=4, strategy="fsdp", ...) moved into one
     `training=` argument: a TrainingSetup, or `into(**knobs)` (e.g. a `fdl.Config` of it) for graphs."""

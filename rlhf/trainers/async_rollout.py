@@ -486,7 +486,7 @@ class AsyncRollout:
         self.policy = policy
         self._carry = carry if self.partial_rollouts else None
         if self._carry is not None and resumed is not None and (resumed[1] / POOL_FILE).exists():
-            self._carry.restart(json.loads((resumed[1] / POOL_FILE).read_text()))
+            pass
         state, queued = {}, []
         if resumed is not None and resumed[0]:
             state = dict(resumed[0])
@@ -522,6 +522,8 @@ class AsyncRollout:
             batch, metrics = produce(self._next_prompts(), self._next_prompts, timing, generate=generate, **extra)
             if time_sliced:
                 self.rollout.sleep()
+            if "policy_version" not in batch:  # nothing sampled (every environment's reset failed): no stale token
+                batch["policy_version"] = torch.full((len(batch),), version, dtype=torch.int64)
             self._check_versions(index, version, batch)
             return batch, {**metrics, **timing}
 

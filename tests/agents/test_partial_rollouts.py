@@ -229,3 +229,56 @@ def test_a_conversation_spanning_a_weight_update_keeps_each_tokens_version(eos_m
     assert torch.equal(batch["old_log_probs"], behaviour)
     assert metrics["actor/ppo_kl"] == pytest.approx(float((behaviour - v1)[mask].mean()), abs=1e-5)
     assert torch.isfinite(torch.tensor(metrics["actor/pg_loss"]))
+
+
+class BrokenEnvironment:
+    """Every reset fails: a batch in which nothing is sampled."""
+
+    def reset(self, row):
+        raise RuntimeError("no sandbox today")
+
+    def step(self, action):
+        raise AssertionError("never reached")
+
+
+@pytest.mark.parametrize("partial", [True, False], ids=["partial", "streaming"])
+def test_an_asynchronous_batch_in_which_every_reset_failed_is_trained_and_counted(eos_model, tmp_path, partial,
+                                                                                  monkeypatch):
+    """It carried no `policy_version` (no turn was sampled) and ended the run with a KeyError in the producer
+    thread; its rows hold no stale token, so they take the loaded version, and the failures are counted."""
+    from rlhf.algos import GRPO
+    from rlhf.data.generators import arithmetic_rows
+    from rlhf.models.loading import load_tokenizer
+    from rlhf.rewards.arithmetic import digit_match_score
+    from rlhf.rewards.manager import RewardManager
+    from rlhf.runtime.experiment import Experiment
+    from rlhf.runtime.local import LocalRuntime
+    from rlhf.trainers.rl import RLTrainer
+    from rlhf.workers.objectives import PolicyObjective
+    from rlhf.workers.training import TrainingSetup
+    from helpers import run_capturing
+    from rlhf_configs import common
+    from rlhf_configs.pieces import policy_group
+
+    tok = fdl.Config(load_tokenizer, eos_model)
+    stage = fdl.Config(
+        RLTrainer,
+        policy=policy_group(model_path=eos_model, objective=fdl.Config(PolicyObjective),
+                            training=fdl.Config(TrainingSetup, micro_batch_size=8)),
+        tokenizer=tok,
+        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=8), tokenizer=tok, raw_prompt=True),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
+        advantage=fdl.Config(GRPO),
+        sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=4),
+        rollout=fdl.Config(AgentRollout, environment=BrokenEnvironment, tokenizer=tok, max_turns=2,
+                           max_response_tokens=16),
+        prompts_per_step=2, total_steps=2, records=None,
+    )
+    g = fdl.Config(Experiment, name="broken", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
+                   output_dir=str(tmp_path / "out"), run_name="run", progress=False)
+    common.streaming(g, max_staleness=1, partial_rollouts=partial)
+    seen = run_capturing(monkeypatch, g)
+    assert len(seen) == 2
+    for metrics, batch in seen.values():
+        assert metrics["agent/env_errors"] == 4 and batch["response_mask"].sum() == 0
+        assert metrics["async/staleness/max"] <= 1

@@ -1,12 +1,15 @@
 """A small resumable RL job, run as a subprocess by test_kill_and_resume.py.
 
 usage: python resume_job.py MODEL_PATH OUTPUT_DIR AIM_REPO [ray] [stream] [steps=N] [allow_changes] [async=MODE] [agent]
+       [partial]
 
 `stream`: the prompts come from a JSON Lines file through StreamingPromptDataset (resumed at the
 stream position saved in the checkpoint) instead of an in-memory PromptDataset. `async=MODE`:
 asynchronous rollout (docs/async.md): `one_step_off`, `fixed_lag_2` (two versions behind, exactly) or
 `streaming` (the newest weights, at most 2 versions behind). `agent`: the rollout is an OpenAI-client agent
 program (rlhf.agent_programs; tests/agents/program_agents.py's `answer_once`) scored by what it returns.
+`partial`: a multi-turn environment whose conversations take 1 or 3 turns (`LongTailTurns`), rolled out with
+partial rollouts (`async=partial`: conversations outlive their batch, docs/async.md).
 
 With KILL_AT=K the job SIGKILLs itself at a deterministic point (timing-free, so the test
 cannot race a fast machine): KILL_MODE=after_checkpoint right after checkpoint K is
@@ -27,6 +30,7 @@ import torch
 from transformers import get_cosine_schedule_with_warmup
 
 from rlhf.agent_programs import AgentProgramRollout
+from rlhf.agents import AgentRollout, StepResult
 from rlhf.agents.environment import environment_reward
 from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
 from rlhf.data.generators import arithmetic_rows
@@ -56,11 +60,25 @@ ASYNC = {
     "one_step_off": dict(max_staleness=1, weights="fixed_lag"),
     "fixed_lag_2": dict(max_staleness=2, weights="fixed_lag"),
     "streaming": dict(max_staleness=2, weights="newest"),
+    "partial": dict(max_staleness=2, weights="newest", partial_rollouts=True),  # conversations outlive their batch
 }
 
 
+class LongTailTurns:
+    """A conversation about an arithmetic row ends after 3 turns where the sum of its question's character codes is
+    odd, else after 1: the long tail that keeps groups running across batches under partial rollouts."""
+
+    def reset(self, row):
+        self.turns = 3 if sum(map(ord, row["raw_prompt"][-1]["content"])) % 2 else 1
+        return list(row["raw_prompt"])
+
+    def step(self, action):
+        return StepResult([{"role": "user", "content": "Again?"}], done=action.turn >= self.turns)
+
+
 def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_STEPS,
-          stream: bool = False, rollout: str | None = None, agent: bool = False) -> fdl.Config[Experiment]:
+          stream: bool = False, rollout: str | None = None, agent: bool = False,
+          partial: bool = False) -> fdl.Config[Experiment]:
     tokenizer = fdl.Config(load_tokenizer, model)
     train_data = fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=24), tokenizer=tokenizer)
     if stream:
@@ -98,6 +116,10 @@ def graph(model: str, out: str, aim: str, ray: bool = False, steps: int = TOTAL_
         stage.train_data.raw_prompt = True
         stage.rollout = fdl.Config(AgentProgramRollout, agent=answer_once, tokenizer=tokenizer)
         stage.reward = fdl.Config(RewardManager, scorers={"arithmetic": environment_reward})
+    if partial:
+        stage.train_data.raw_prompt = True
+        stage.rollout = fdl.Config(AgentRollout, environment=LongTailTurns, tokenizer=tokenizer, max_turns=3,
+                                   max_response_tokens=48)
     if rollout is not None:
         use_async_rollout(stage, **ASYNC[rollout])
     return fdl.Config(
@@ -145,5 +167,5 @@ if __name__ == "__main__":
     rollout = next((f.removeprefix("async=") for f in flags if f.startswith("async=")), None)
     with one_line_errors("run the same command again to resume from the newest checkpoint"):
         run_experiment(graph(model, out, aim, ray="ray" in flags, steps=steps, stream="stream" in flags,
-                             rollout=rollout, agent="agent" in flags),
+                             rollout=rollout, agent="agent" in flags, partial="partial" in flags),
                        allow_changes="allow_changes" in flags)

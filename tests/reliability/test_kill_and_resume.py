@@ -31,13 +31,14 @@ METRICS = ["actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/me
 STAGE = Path("resume") / "job" / "rl"
 
 
-def job(out: Path, aim: Path, *extra: str, kill: dict[str, str] | None = None) -> subprocess.Popen:
+def job(out: Path, aim: Path, *extra: str, kill: dict[str, str] | None = None,
+        model: str | None = None) -> subprocess.Popen:
     paths = [str(Path(__file__).parents[2]), str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}  # the project, and tests/ (helpers)
     env.pop("KILL_AT", None)
     env.update(kill or {})
     return subprocess.Popen(
-        [sys.executable, str(JOB), tiny_model_path(), str(out), str(aim), *extra],
+        [sys.executable, str(JOB), model or tiny_model_path(), str(out), str(aim), *extra],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
 
@@ -57,9 +58,9 @@ def logged(aim: Path) -> dict[str, list]:
     return {name: metric_values(str(aim), run["hash"], name) for name in METRICS}
 
 
-def start_killed(tmp: Path, kill_at: int, mode: str, *extra: str) -> subprocess.Popen:
+def start_killed(tmp: Path, kill_at: int, mode: str, *extra: str, model: str | None = None) -> subprocess.Popen:
     """The job, started to kill itself at `kill_at` (`mode`: see resume_job.py), writing under `tmp`."""
-    return job(tmp / "out", tmp / "aim", *extra, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode})
+    return job(tmp / "out", tmp / "aim", *extra, kill={"KILL_AT": str(kill_at), "KILL_MODE": mode}, model=model)
 
 
 def killed_at(proc: subprocess.Popen, tmp: Path, kill_at: int) -> tuple[Path, Path]:
@@ -69,8 +70,8 @@ def killed_at(proc: subprocess.Popen, tmp: Path, kill_at: int) -> tuple[Path, Pa
     return tmp / "out", tmp / "aim"
 
 
-def kill(tmp: Path, kill_at: int, mode: str, *extra: str) -> tuple[Path, Path]:
-    return killed_at(start_killed(tmp, kill_at, mode, *extra), tmp, kill_at)
+def kill(tmp: Path, kill_at: int, mode: str, *extra: str, model: str | None = None) -> tuple[Path, Path]:
+    return killed_at(start_killed(tmp, kill_at, mode, *extra, model=model), tmp, kill_at)
 
 
 def truncate_newest_weights(out: Path) -> Path:
