@@ -85,13 +85,15 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "student": args.student or ("tiny" if quick else STUDENT),
         "metric": args.metric, "heldout_rows": 8 if quick else 200,
         "teacher_steps": 2 if quick else args.teacher_steps,
-        "opd": {"steps": 2 if quick else args.opd_steps, "lr": args.opd_lr, "distill_coef": args.distill_coef},
+        "opd": {"steps": 2 if quick else args.opd_steps, "lr": args.opd_lr, "distill_coef": args.distill_coef,
+                "samples_per_prompt": args.opd_samples},
         "grpo": {"steps": 2 if quick else args.grpo_steps, "lr": args.grpo_lr},
         "sft": {"steps": 2 if quick else args.sft_steps, "batch": 4 if quick else args.sft_batch, "lr": args.sft_lr,
                 "prompts": 8 if quick else args.sft_prompts, "temperature": args.sft_temperature},
         "eval_every": 1 if quick else args.eval_every,
         "sampling": {"temperature": recipe_temperature(), "n": 2 if quick else None,  # None: each recipe's own
-                     "n_per_method": None if quick else recipe_samples(),
+                     "n_per_method": None if quick else {**recipe_samples(),
+                                                         **({"opd": args.opd_samples} if args.opd_samples else {})},
                      "prompts_per_step": 2 if quick else 8, "max_new_tokens": 8 if quick else 64},
         "kl_estimator": "k1 (log pi - log mu, the advantage negated; no KL to a reference)",
         "seed": args.seed,
@@ -148,8 +150,9 @@ def rl_stage(method: str, s: dict, student: str, teacher: str | None):
     tasks = _recipe("smollm2_tasks")
     steps = s["teacher_steps"] if method == "teacher" else s[method]["steps"]
     if method == "opd":
+        n = {"samples_per_prompt": s["opd"]["samples_per_prompt"]} if s["opd"].get("samples_per_prompt") else {}
         cfg = _recipe("smollm2_distill").base(teacher=teacher, student=student, steps=steps, lr=s["opd"]["lr"],
-                                              distill_coef=s["opd"]["distill_coef"])
+                                              distill_coef=s["opd"]["distill_coef"], **n)
         stage = cfg.stages["distill"]
     else:
         lr = s["grpo"]["lr"] if method == "grpo" else 2e-5
@@ -396,6 +399,8 @@ def main() -> int:
     p.add_argument("--metric", choices=sorted(METRICS), default="lenient", help="held-out accuracy to compare")
     p.add_argument("--opd-steps", type=int, default=16)
     p.add_argument("--opd-lr", type=float, default=2e-5)
+    p.add_argument("--opd-samples", type=int, default=None,
+                   help="answers per prompt for OPD (default: the recipe's samples_per_prompt)")
     p.add_argument("--distill-coef", type=float, default=1.0, help="weight of the per-token reverse-KL advantage")
     p.add_argument("--grpo-steps", type=int, default=32)
     p.add_argument("--grpo-lr", type=float, default=2e-5)
