@@ -12,18 +12,16 @@ shards whole pairs and the worker keeps them in one micro-batch.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
 
 from rlhf.algos import BradleyTerryLoss
 from rlhf.batch import Batch
 from rlhf.data.preferences import PreferenceDataset
 from rlhf.ranges import NonNegativeInt, PositiveInt
-from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.metrics import mean_over_ranks
+from rlhf.trainers.supervised_loop import SupervisedLoop
 
 
 def pair_scores(rm, data: PreferenceDataset, batch_size: int, limit: int | None = None) -> torch.Tensor:
@@ -50,8 +48,13 @@ def heldout_metrics(scores: torch.Tensor) -> dict[str, float]:
     return {names.get(k, f"rm/{k}"): float(v) for k, v in metrics.items()}
 
 
-class RewardModelTrainer:
-    """Trains the reward-model group (RewardModelWorker with a loss) for `total_steps` batches of pairs."""
+class RewardModelTrainer(SupervisedLoop):
+    """Trains the reward-model group (RewardModelWorker with a loss) for `total_steps` batches of pairs (the loop,
+    checkpoints and exact resume: `SupervisedLoop`)."""
+
+    loss_metric = "rm/loss"
+    part = "rm"
+    weights_name = "the reward model's weights"
 
     def __init__(
         self,
@@ -90,29 +93,12 @@ class RewardModelTrainer:
         self.seed = seed
         self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
-    def run(self, ctx: StageContext) -> dict:
-        checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
-        checkpoints.remove_partial()  # what a kill during a save left behind
-        start = self.restore(checkpoints, ctx) if ctx.resume else 0
-        fingerprints = {"train": self.data.fingerprint}
-        if self.val_data is not None:
-            fingerprints["val"] = self.val_data.fingerprint
-        ctx.record({"data": fingerprints})
-        if self.val_before_train and start == 0 and self.val_data is not None:
-            ctx.log(self.validate(), 0)
-        batches = self.data.shuffled(self.batch_size, self.seed, start_step=start, bucketed=self.bucketed)
-        bar = tqdm(range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
-                   desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
-        metrics = self._metrics  # a run resumed at its last step reports that step's metrics
-        for step in bar:
-            metrics = self.step(next(batches))
-            if self.val_data is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
-                metrics.update(self.validate())
-            ctx.log(metrics, step)
-            self._metrics = metrics
-            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
-                self.save(checkpoints, step)
-            bar.set_postfix(loss=f"{metrics['rm/loss']:.3f}", refresh=False)
+    @property
+    def trained(self):
+        return self.rm
+
+    def finish(self, ctx: StageContext, metrics: dict[str, float]) -> dict:
+        """The reward mean and std into the model's config, then `final/`."""
         mean, std = self.reward_stats()
         self.rm.set_reward_stats(mean, std)
         checkpoint = self.rm.save(str(ctx.out_dir / "final"))[0]
@@ -134,21 +120,3 @@ class RewardModelTrainer:
         scores = pair_scores(self.rm, self.data, self.val_batch_size, self.stats_pairs).reshape(-1)
         std = float(scores.std()) if scores.numel() > 1 else 1.0
         return float(scores.mean()), std if std > 0 else 1.0
-
-    # -------------------------------------------------------- checkpoints
-    def save(self, checkpoints: CheckpointManager, step: int) -> Path:
-        if not all(self.rm.weights_finite()):
-            raise FloatingPointError(
-                f"the reward model's weights are not finite at step {step}; refusing to write a checkpoint. "
-                f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
-            )
-        return checkpoints.save(step, lambda folder: self.rm.save_state(str(folder / "rm")), {"metrics": self._metrics})
-
-    def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
-        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
-        recorded in the run as `resume.skipped`); returns the step to continue after."""
-        folder, state, skipped = checkpoints.resume(lambda f: self.rm.load_state(str(f / "rm")))
-        if folder is not None or skipped:
-            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
-        self._metrics = dict(state.get("metrics") or {})
-        return int(state["step"])

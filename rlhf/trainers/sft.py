@@ -10,16 +10,13 @@ which also makes this stage's run the RL run's parent in Aim.
 from __future__ import annotations
 
 import time
-from pathlib import Path
-
-from tqdm.auto import tqdm
 
 from rlhf.data.sft import SFTDataset, padding_fraction
 from rlhf.ranges import NonNegativeInt, PositiveInt
-from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks
+from rlhf.trainers.supervised_loop import SupervisedLoop
 
 
 def validation_loss(policy, data: SFTDataset, batch_size: int) -> dict[str, float]:
@@ -37,10 +34,13 @@ def validation_loss(policy, data: SFTDataset, batch_size: int) -> dict[str, floa
     return {"val/sft_loss": nll / max(tokens, 1.0)}
 
 
-class SFTTrainer:
-    """Trains the policy group (built with an SFTObjective) for `total_steps` batches."""
+class SFTTrainer(SupervisedLoop):
+    """Trains the policy group (built with an SFTObjective) for `total_steps` batches (the loop, checkpoints and
+    exact resume: `SupervisedLoop`)."""
 
     loss_metric = "sft/loss"  # shown on the progress bar
+    part = "policy"
+    weights_name = "the policy weights"
 
     def __init__(
         self,
@@ -73,31 +73,15 @@ class SFTTrainer:
         self.seed = seed
         self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
-    def run(self, ctx: StageContext) -> dict:
-        checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)
-        checkpoints.remove_partial()  # what a kill during a save left behind
-        start = self.restore(checkpoints, ctx) if ctx.resume else 0
-        fingerprints = {"train": self.data.fingerprint}
-        if self.val_data is not None:
-            fingerprints["val"] = self.val_data.fingerprint
-        ctx.record({"data": fingerprints})
-        if self.val_before_train and start == 0:
-            ctx.log(self.validate(), 0)
-        batches = self.data.shuffled(self.batch_size, self.seed, start_step=start, bucketed=self.bucketed)
-        bar = tqdm(range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
-                   desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
-        metrics = self._metrics  # a run resumed at its last step reports that step's metrics
-        for step in bar:
-            metrics = self.step(next(batches))
-            if step == self.total_steps or (self.test_freq and step % self.test_freq == 0):
-                metrics.update(self.validate())
-            ctx.log(metrics, step)
-            self._metrics = metrics
-            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
-                self.save(checkpoints, step)
-            bar.set_postfix(loss=f"{metrics[self.loss_metric]:.3f}", refresh=False)
-        checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
-        return {"checkpoint": checkpoint, "metrics": metrics}
+    @property
+    def trained(self):
+        return self.policy
+
+    def validates(self) -> bool:
+        return self.val_data is not None or self.evaluator is not None
+
+    def finish(self, ctx: StageContext, metrics: dict[str, float]) -> dict:
+        return {"checkpoint": self.policy.save(str(ctx.out_dir / "final"))[0], "metrics": metrics}
 
     def step(self, batch) -> dict[str, float]:
         start = time.perf_counter()
@@ -115,22 +99,3 @@ class SFTTrainer:
         if self.evaluator is not None:
             metrics.update(self.evaluator(self.policy))
         return metrics
-
-    # -------------------------------------------------------- checkpoints
-    def save(self, checkpoints: CheckpointManager, step: int) -> Path:
-        if not all(self.policy.weights_finite()):
-            raise FloatingPointError(
-                f"the policy weights are not finite at step {step}; refusing to write a checkpoint. "
-                f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
-            )
-        return checkpoints.save(step, lambda folder: self.policy.save_state(str(folder / "policy")),
-                                {"metrics": self._metrics})
-
-    def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
-        """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
-        recorded in the run as `resume.skipped`); returns the step to continue after."""
-        folder, state, skipped = checkpoints.resume(lambda f: self.policy.load_state(str(f / "policy")))
-        if folder is not None or skipped:
-            ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
-        self._metrics = dict(state.get("metrics") or {})
-        return int(state["step"])
