@@ -86,7 +86,7 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "metric": args.metric, "heldout_rows": 8 if quick else 200,
         "teacher_steps": 2 if quick else args.teacher_steps,
         "opd": {"steps": 2 if quick else args.opd_steps, "lr": args.opd_lr, "distill_coef": args.distill_coef,
-                "samples_per_prompt": args.opd_samples},
+                "samples_per_prompt": args.opd_samples, "top_k": args.top_k},
         "grpo": {"steps": 2 if quick else args.grpo_steps, "lr": args.grpo_lr},
         "sft": {"steps": 2 if quick else args.sft_steps, "batch": 4 if quick else args.sft_batch, "lr": args.sft_lr,
                 "prompts": 8 if quick else args.sft_prompts, "temperature": args.sft_temperature},
@@ -151,8 +151,11 @@ def rl_stage(method: str, s: dict, student: str, teacher: str | None):
     steps = s["teacher_steps"] if method == "teacher" else s[method]["steps"]
     if method == "opd":
         n = {"samples_per_prompt": s["opd"]["samples_per_prompt"]} if s["opd"].get("samples_per_prompt") else {}
-        cfg = _recipe("smollm2_distill").base(teacher=teacher, student=student, steps=steps, lr=s["opd"]["lr"],
-                                              distill_coef=s["opd"]["distill_coef"], **n)
+        recipe = _recipe("smollm2_distill")
+        cfg = recipe.base(teacher=teacher, student=student, steps=steps, lr=s["opd"]["lr"],
+                          distill_coef=s["opd"]["distill_coef"], **n)
+        if s["opd"].get("top_k"):  # GKD-style: the forward KL over the teacher's top-k tokens added to the loss
+            recipe.top_k(cfg, k=s["opd"]["top_k"])
         stage = cfg.stages["distill"]
     else:
         lr = s["grpo"]["lr"] if method == "grpo" else 2e-5
@@ -401,6 +404,8 @@ def main() -> int:
     p.add_argument("--opd-lr", type=float, default=2e-5)
     p.add_argument("--opd-samples", type=int, default=None,
                    help="answers per prompt for OPD (default: the recipe's samples_per_prompt)")
+    p.add_argument("--top-k", type=int, default=0,
+                   help="OPD: also the forward KL over the teacher's top-k tokens (fiddler:top_k; 0: off)")
     p.add_argument("--distill-coef", type=float, default=1.0, help="weight of the per-token reverse-KL advantage")
     p.add_argument("--grpo-steps", type=int, default=32)
     p.add_argument("--grpo-lr", type=float, default=2e-5)
