@@ -41,6 +41,8 @@ def _parser() -> OneLineParser:
     p.add_argument("--test-fraction", type=number(float, 0, 1), default=0.1, help="share of pairs held out")
     p.add_argument("--seed", type=int, default=0, help="for the train/test split")
     p.add_argument("--with-margin", action="store_true", help="store each pair's score difference as its margin")
+    p.add_argument("--length-matched", action="store_true",
+                   help="among tied best and tied worst answers, pair the two closest in length (less length bias)")
     p.add_argument("--limit", type=POSITIVE, default=None, help="use the first N prompts only")
     p.add_argument("--temperature", type=number(float, 0, low_open=True), default=1.0, help="sampling temperature")
     p.add_argument("--top-p", type=number(float, 0, 1, low_open=True), default=d["top_p"])
@@ -122,7 +124,8 @@ def prepare_preferences_main(argv: Sequence[str]) -> int:
     with open(result["generations"], encoding="utf-8") as f:
         generated = [json.loads(line) for line in f if line.strip()]
     scores = score_samples(generated, scoring)
-    pairs = [pairs_from_samples(row, row["responses"], row_scores, with_margin=a.with_margin)
+    pairs = [pairs_from_samples(row, row["responses"], row_scores, with_margin=a.with_margin,
+                                length_matched=a.length_matched)
              for row, row_scores in zip(generated, scores)]
     ties = sum(pair is None for pair in pairs)
     pairs = [pair for pair in pairs if pair is not None]

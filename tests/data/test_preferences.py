@@ -230,3 +230,14 @@ def test_pairs_from_samples_takes_best_and_worst():
     assert pair["data_source"] == "arithmetic" and pair["reward_model"] == {"ground_truth": "4"}
     assert norm(pair)["chosen"] == pair["chosen"]
     assert pairs_from_samples(row, ["a", "b"], [1.0, 1.0]) is None
+
+
+def test_length_matched_pairs_take_the_closest_lengths_among_the_ties():
+    row = {"prompt": [USER], "data_source": "arithmetic"}
+    answers, scores = ["a" * 40, "b" * 10, "c" * 12, "d" * 30, "e" * 2], [1.0, 1.0, 0.0, 0.0, 0.5]
+    plain = pairs_from_samples(row, answers, scores)
+    assert (plain["chosen"][0]["content"][0], plain["rejected"][0]["content"][0]) == ("a", "c")  # first of each tie
+    matched = pairs_from_samples(row, answers, scores, length_matched=True)
+    assert (matched["chosen"][0]["content"][0], matched["rejected"][0]["content"][0]) == ("b", "c")  # 10 vs 12
+    assert matched["extra_info"] == {"chosen_score": 1.0, "rejected_score": 0.0}
+    assert pairs_from_samples(row, answers, [1.0] * 5, length_matched=True) is None
