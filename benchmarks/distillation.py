@@ -71,11 +71,19 @@ def recipe_temperature() -> float:
 
     return inspect.signature(smollm2_tasks.base).parameters["temperature"].default
 
+
 def recipe_samples() -> dict[str, int]:
     """Answers sampled per prompt by each method's recipe: GRPO's groups (smollm2_tasks), OPD's (smollm2_distill)."""
     import inspect
 
     return {"grpo": 8, "opd": inspect.signature(_recipe("smollm2_distill").base).parameters["samples_per_prompt"].default}
+
+
+def _recipe_default(name: str):
+    """A default of `smollm2_distill.base` (the OPD recipe)."""
+    import inspect
+
+    return inspect.signature(_recipe("smollm2_distill").base).parameters[name].default
 
 
 def settings(args: argparse.Namespace) -> dict[str, Any]:
@@ -86,7 +94,8 @@ def settings(args: argparse.Namespace) -> dict[str, Any]:
         "metric": args.metric, "heldout_rows": 8 if quick else 200,
         "teacher_steps": 2 if quick else args.teacher_steps,
         "opd": {"steps": 2 if quick else args.opd_steps, "lr": args.opd_lr, "distill_coef": args.distill_coef,
-                "samples_per_prompt": args.opd_samples, "top_k": args.top_k},
+                "samples_per_prompt": args.opd_samples,
+                "top_k": args.top_k if args.top_k is not None else _recipe_default("top_k")},
         "grpo": {"steps": 2 if quick else args.grpo_steps, "lr": args.grpo_lr},
         "sft": {"steps": 2 if quick else args.sft_steps, "batch": 4 if quick else args.sft_batch, "lr": args.sft_lr,
                 "prompts": 8 if quick else args.sft_prompts, "temperature": args.sft_temperature},
@@ -150,12 +159,10 @@ def rl_stage(method: str, s: dict, student: str, teacher: str | None):
     tasks = _recipe("smollm2_tasks")
     steps = s["teacher_steps"] if method == "teacher" else s[method]["steps"]
     if method == "opd":
-        n = {"samples_per_prompt": s["opd"]["samples_per_prompt"]} if s["opd"].get("samples_per_prompt") else {}
-        recipe = _recipe("smollm2_distill")
-        cfg = recipe.base(teacher=teacher, student=student, steps=steps, lr=s["opd"]["lr"],
-                          distill_coef=s["opd"]["distill_coef"], **n)
-        if s["opd"].get("top_k"):  # GKD-style: the forward KL over the teacher's top-k tokens added to the loss
-            recipe.top_k(cfg, k=s["opd"]["top_k"])
+        given = {"samples_per_prompt": s["opd"].get("samples_per_prompt"), "top_k": s["opd"].get("top_k")}
+        cfg = _recipe("smollm2_distill").base(teacher=teacher, student=student, steps=steps, lr=s["opd"]["lr"],
+                                              distill_coef=s["opd"]["distill_coef"],
+                                              **{k: v for k, v in given.items() if v is not None})  # else the recipe's
         stage = cfg.stages["distill"]
     else:
         lr = s["grpo"]["lr"] if method == "grpo" else 2e-5
@@ -404,8 +411,9 @@ def main() -> int:
     p.add_argument("--opd-lr", type=float, default=2e-5)
     p.add_argument("--opd-samples", type=int, default=None,
                    help="answers per prompt for OPD (default: the recipe's samples_per_prompt)")
-    p.add_argument("--top-k", type=int, default=0,
-                   help="OPD: also the forward KL over the teacher's top-k tokens (fiddler:top_k; 0: off)")
+    p.add_argument("--top-k", type=int, default=None,
+                   help="OPD: the forward KL over the teacher's top-k tokens beside the reverse KL (0: off; "
+                        "default: the recipe's top_k)")
     p.add_argument("--distill-coef", type=float, default=1.0, help="weight of the per-token reverse-KL advantage")
     p.add_argument("--grpo-steps", type=int, default=32)
     p.add_argument("--grpo-lr", type=float, default=2e-5)

@@ -43,13 +43,18 @@ NAME = "smollm2_distill"
 
 def base(teacher: Any = None, student: str = "smollm2-135m-instruct", task: str = "arithmetic",
          settings: dict[str, Any] | None = None, steps: int = 10, lr: float = 2e-5, distill_coef: float = 1.0,
-         teacher_steps: int = 10, samples_per_prompt: int = 4) -> fdl.Config[Experiment]:
+         teacher_steps: int = 10, samples_per_prompt: int = 4, top_k: int = 16) -> fdl.Config[Experiment]:
     """OPD of `teacher` (a model folder) into `student` on `task` for `steps` steps of smollm2_tasks' stage;
     teacher None: a stage "teacher" first trains one with that recipe for `teacher_steps` GRPO steps.
 
     `samples_per_prompt` (4, where GRPO takes 8): the teacher grades every token, so no group of answers to one
     prompt is needed for a baseline, and each step costs half of GRPO's in sampling, teacher scoring and update;
-    4 rather than 1 keeps groups for `with_task_reward`'s GRPO term."""
+    4 rather than 1 keeps groups for `with_task_reward`'s GRPO term.
+
+    `top_k` (16; 0: off): the loss also takes the forward KL to the teacher over its top-k tokens at every sampled
+    position (GKD-style, `TopKForwardKL`): k teacher probabilities per token instead of the sampled one's, so the
+    student needs fewer steps. Measured over 3 seeds on SmolLM2 (docs/distillation.md): 90% of the teacher in
+    2-3 steps (1.6-2.9 min) with it, 3-5 steps (2.9-4.9 min) without, at about the same cost per step."""
     stages = {}
     if teacher is None:
         stages["teacher"] = smollm2_tasks.base(task=task, settings=settings, model=student,
@@ -59,6 +64,8 @@ def base(teacher: Any = None, student: str = "smollm2-135m-instruct", task: str 
     distill = cfg.stages["grpo"]
     use_distillation(distill, teacher, distill_coef=distill_coef)
     distill.sampling.n = samples_per_prompt
+    if top_k:
+        distill.policy.worker.objective.distill_loss = fdl.Config(TopKForwardKL, k=top_k)
     cfg.stages = {**stages, "distill": distill}
     cfg.name = NAME
     cfg.tracker.experiment = NAME
@@ -71,7 +78,8 @@ def with_task_reward(cfg: fdl.Config[Experiment]) -> None:
 
 
 def top_k(cfg: fdl.Config[Experiment], k: int = 16) -> None:
-    """Add the forward KL over the teacher's top-`k` tokens at each sampled position to the loss (GKD-style)."""
+    """The forward KL over the teacher's top-`k` tokens at each sampled position in the loss (GKD-style; the
+    default adds it with k=16: this sets another k)."""
     cfg.stages["distill"].policy.worker.objective.distill_loss = fdl.Config(TopKForwardKL, k=k)
 
 

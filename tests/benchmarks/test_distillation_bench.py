@@ -49,15 +49,17 @@ def test_the_repetition_options_reach_the_students_stages():
 
     def args(**kw):
         base = dict(quick=False, student=None, metric="strict", teacher_steps=10, opd_steps=6, opd_lr=2e-5,
-                    distill_coef=1.0, opd_samples=None, top_k=0, grpo_steps=10, grpo_lr=2e-5, sft_steps=48,
+                    distill_coef=1.0, opd_samples=None, top_k=None, grpo_steps=10, grpo_lr=2e-5, sft_steps=48,
                     sft_batch=16, sft_lr=2e-5, sft_prompts=512, sft_temperature=0.0, eval_every=1, seed=0)
         return distillation.settings(argparse.Namespace(**{**base, **kw}))
 
-    s = args(seed=3, opd_samples=2, top_k=16)
+    s = args(seed=3, opd_samples=2, top_k=8)
     opd = distillation.rl_stage("opd", s, "student", "teacher")
-    assert opd.seed == 3 and opd.sampling.n == 2 and opd.policy.worker.objective.distill_loss.k == 16
+    assert opd.seed == 3 and opd.sampling.n == 2 and opd.policy.worker.objective.distill_loss.k == 8
+    assert distillation.rl_stage("opd", args(top_k=0), "student", "teacher").policy.worker.objective.distill_loss \
+        is None
     assert distillation.rl_stage("grpo", s, "student", None).seed == 3
     assert distillation.rl_stage("teacher", s, "student", None).seed == 0
     shipped = distillation.rl_stage("opd", args(), "student", "teacher")
     assert shipped.sampling.n == s["sampling"]["n_per_method"]["grpo"] // 2 == 4  # the recipe's own
-    assert shipped.policy.worker.objective.distill_loss is None
+    assert shipped.policy.worker.objective.distill_loss.k == 16  # the recipe's default
