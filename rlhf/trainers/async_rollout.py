@@ -486,7 +486,7 @@ class AsyncRollout:
         self.policy = policy
         self._carry = carry if self.partial_rollouts else None
         if self._carry is not None and resumed is not None and (resumed[1] / POOL_FILE).exists():
-            pass
+            self._carry.restart(json.loads((resumed[1] / POOL_FILE).read_text()))
         state, queued = {}, []
         if resumed is not None and resumed[0]:
             state = dict(resumed[0])
