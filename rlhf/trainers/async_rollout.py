@@ -42,6 +42,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -58,6 +59,8 @@ from rlhf.ranges import NonNegativeInt, PositiveInt
 OnStale = Literal["wait", "drop"]
 Weights = Literal["newest", "fixed_lag"]
 Transport = Literal["auto", "broadcast", "object_store"]
+log = logging.getLogger(__name__)
+
 QUEUE_FOLDER = "rollout_queue"  # in a checkpoint: the batches generated ahead of the trainer
 POOL_FILE = "partial_pool.json"  # in a checkpoint: the prompts of the conversations running (partial rollouts)
 SEED_STRIDE_PER_CALL = 1_000_000_007  # seed offset between the generate calls of one rollout (a prime)
@@ -486,7 +489,10 @@ class AsyncRollout:
         self.policy = policy
         self._carry = carry if self.partial_rollouts else None
         if self._carry is not None and resumed is not None and (resumed[1] / POOL_FILE).exists():
-            self._carry.restart(json.loads((resumed[1] / POOL_FILE).read_text()))
+            running = json.loads((resumed[1] / POOL_FILE).read_text())
+            log.warning("restarting %d conversation group(s) that were running at %s from their prompts (an "
+                        "environment's state is not saved)", len(running), resumed[1].name)
+            self._carry.restart(running)
         state, queued = {}, []
         if resumed is not None and resumed[0]:
             state = dict(resumed[0])
