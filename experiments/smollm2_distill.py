@@ -10,7 +10,8 @@ token it samples, instead of from one reward per answer (docs/distillation.md).
 The task, its held-out evaluator and every setting of the student's stage are `experiments/smollm2_tasks.py`'s
 (arithmetic by our generator, "The answer is N." asked for; 8 prompts at temperature 0.7, 64 new tokens; PPO clip
 0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 200 held-out rows, greedy): this file
-changes the advantage, and samples 4 answers per prompt where GRPO samples 8 (no group baseline is needed). `rlhf_configs.algorithms.use_distillation` gives the policy worker
+changes the advantage, adds the forward KL over the teacher's top-16 tokens to the loss, and samples 4 answers
+per prompt where GRPO samples 8 (no group baseline is needed). `rlhf_configs.algorithms.use_distillation` gives the policy worker
 the frozen teacher (stored in the compute dtype, sharded like the reference) and makes the advantage the per-token
 reverse KL to it, log mu(y_t) - log pi(y_t), both at the sampling temperature (`OnPolicyDistillation`); the task
 reward is still scored and logged (`critic/score/mean`), and `with_task_reward` adds the GRPO advantage to the

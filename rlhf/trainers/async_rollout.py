@@ -489,10 +489,9 @@ class AsyncRollout:
         self.policy = policy
         self._carry = carry if self.partial_rollouts else None
         if self._carry is not None and resumed is not None and (resumed[1] / POOL_FILE).exists():
-            running = json.loads((resumed[1] / POOL_FILE).read_text())
+            self._carry.restart(json.loads((resumed[1] / POOL_FILE).read_text()))
             log.warning("restarting %d conversation group(s) that were running at %s from their prompts (an "
-                        "environment's state is not saved)", len(running), resumed[1].name)
-            self._carry.restart(running)
+                        "environment's state is not saved)", len(self._carry.pending()), resumed[1].name)
         state, queued = {}, []
         if resumed is not None and resumed[0]:
             state = dict(resumed[0])
