@@ -9,6 +9,7 @@ so a run killed anywhere resumes exactly. A stage says what it trains (`trained`
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,7 @@ from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
 
 
-class SupervisedLoop:
+class SupervisedLoop(ABC):
     """Base of the supervised trainers; a subclass sets the attributes below in its `__init__`."""
 
     loss_metric: str  # shown on the progress bar
@@ -37,23 +38,25 @@ class SupervisedLoop:
     _metrics: dict[str, float]  # the last step's metrics (saved with each checkpoint)
 
     @property
+    @abstractmethod
     def trained(self):
         """The worker group this stage trains."""
-        raise NotImplementedError
 
     def validates(self) -> bool:
         """Whether the stage has anything to validate (held-out rows, an evaluator)."""
         return self.val_data is not None
 
+    @abstractmethod
     def step(self, batch) -> dict[str, float]:
-        raise NotImplementedError
+        """One optimizer step on `batch`; its metrics."""
 
+    @abstractmethod
     def validate(self) -> dict[str, float]:
-        raise NotImplementedError
+        """The held-out metrics."""
 
+    @abstractmethod
     def finish(self, ctx: StageContext, metrics: dict[str, float]) -> dict:
         """Write `final/` and return the stage's result (at least "checkpoint" and "metrics")."""
-        raise NotImplementedError
 
     def run(self, ctx: StageContext) -> dict:
         checkpoints = CheckpointManager(ctx.out_dir / "checkpoints", keep=self.keep_checkpoints)

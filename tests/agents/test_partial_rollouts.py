@@ -154,22 +154,48 @@ class GatedEnvironment:
         return StepResult([{"role": "user", "content": f"And {action.turn}+1?"}], done=action.turn == 3)
 
 
-def test_a_conversation_spanning_a_weight_update_keeps_each_tokens_version(eos_model, tmp_path, monkeypatch):
+def agent_experiment(model: str, out, environment, *, rows: int, max_turns: int, max_response_tokens: int,
+                     max_new_tokens: int, objective=None, lr: float = 1e-5, **stage) -> fdl.Config:
+    """An RL experiment on `model` whose rollout is `environment`'s multi-turn loop, 2 answers per prompt, 2 prompts
+    per step, in this process; asynchronous rollout is for the caller to add (`common.streaming`)."""
     from rlhf.algos import GRPO
     from rlhf.data.generators import arithmetic_rows
-    from rlhf.models.loading import load_causal_lm, load_tokenizer
+    from rlhf.models.loading import load_tokenizer
     from rlhf.rewards.arithmetic import digit_match_score
     from rlhf.rewards.manager import RewardManager
     from rlhf.runtime.experiment import Experiment
     from rlhf.runtime.local import LocalRuntime
-    from rlhf.trainers.export import export_checkpoint
     from rlhf.trainers.rl import RLTrainer
     from rlhf.workers.objectives import PolicyObjective
-    from rlhf.workers.policy import response_log_probs
     from rlhf.workers.training import TrainingSetup
+    from rlhf_configs.pieces import policy_group
+
+    tok = fdl.Config(load_tokenizer, model)
+    rl = fdl.Config(
+        RLTrainer,
+        policy=policy_group(model_path=model, objective=objective or fdl.Config(PolicyObjective),
+                            optimizer=fdl.Partial(torch.optim.AdamW, lr=lr),
+                            training=fdl.Config(TrainingSetup, micro_batch_size=8)),
+        tokenizer=tok,
+        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=rows), tokenizer=tok, raw_prompt=True),
+        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
+        advantage=fdl.Config(GRPO),
+        sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=max_new_tokens),
+        rollout=fdl.Config(AgentRollout, environment=environment, tokenizer=tok, max_turns=max_turns,
+                           max_response_tokens=max_response_tokens),
+        prompts_per_step=2, **stage,
+    )
+    return fdl.Config(Experiment, name="partial", stages={"rl": rl}, runtime=fdl.Config(LocalRuntime),
+                      output_dir=str(out), run_name="run", progress=False)
+
+
+def test_a_conversation_spanning_a_weight_update_keeps_each_tokens_version(eos_model, tmp_path, monkeypatch):
+    from rlhf.models.loading import load_causal_lm
+    from rlhf.trainers.export import export_checkpoint
+    from rlhf.workers.objectives import PolicyObjective
+    from rlhf.workers.policy import response_log_probs
     from helpers import run_capturing
     from rlhf_configs import common
-    from rlhf_configs.pieces import policy_group
 
     EMITTED.clear(), FIRST_TURN.clear(), PUBLISHED.clear()
     rollout, after_update = PartialRollouts.rollout, AsyncRollout.after_update
@@ -189,23 +215,9 @@ def test_a_conversation_spanning_a_weight_update_keeps_each_tokens_version(eos_m
 
     monkeypatch.setattr(PartialRollouts, "rollout", counted)
     monkeypatch.setattr(AsyncRollout, "after_update", publish_after_a_first_turn)
-    tok = fdl.Config(load_tokenizer, eos_model)
-    stage = fdl.Config(
-        RLTrainer,
-        policy=policy_group(model_path=eos_model, objective=fdl.Config(PolicyObjective, entropy_coef=0.5),
-                            optimizer=fdl.Partial(torch.optim.AdamW, lr=3e-2),
-                            training=fdl.Config(TrainingSetup, micro_batch_size=8)),
-        tokenizer=tok,
-        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=16), tokenizer=tok, raw_prompt=True),
-        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
-        advantage=fdl.Config(GRPO),
-        sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=8),
-        rollout=fdl.Config(AgentRollout, environment=GatedEnvironment, tokenizer=tok, max_turns=3,
-                           max_response_tokens=64),
-        prompts_per_step=2, total_steps=3, save_freq=1, keep_checkpoints=3,
-    )
-    g = fdl.Config(Experiment, name="partial", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
-                   output_dir=str(tmp_path / "out"), run_name="run", progress=False)
+    g = agent_experiment(eos_model, tmp_path / "out", GatedEnvironment, rows=16, max_turns=3, max_response_tokens=64,
+                         max_new_tokens=8, objective=fdl.Config(PolicyObjective, entropy_coef=0.5), lr=3e-2,
+                         total_steps=3, save_freq=1, keep_checkpoints=3)
     common.streaming(g, max_staleness=2, partial_rollouts=True)
     seen = run_capturing(monkeypatch, g)
 
@@ -246,36 +258,11 @@ def test_an_asynchronous_batch_in_which_every_reset_failed_is_trained_and_counte
                                                                                   monkeypatch):
     """It carried no `policy_version` (no turn was sampled) and ended the run with a KeyError in the producer
     thread; its rows hold no stale token, so they take the loaded version, and the failures are counted."""
-    from rlhf.algos import GRPO
-    from rlhf.data.generators import arithmetic_rows
-    from rlhf.models.loading import load_tokenizer
-    from rlhf.rewards.arithmetic import digit_match_score
-    from rlhf.rewards.manager import RewardManager
-    from rlhf.runtime.experiment import Experiment
-    from rlhf.runtime.local import LocalRuntime
-    from rlhf.trainers.rl import RLTrainer
-    from rlhf.workers.objectives import PolicyObjective
-    from rlhf.workers.training import TrainingSetup
     from helpers import run_capturing
     from rlhf_configs import common
-    from rlhf_configs.pieces import policy_group
 
-    tok = fdl.Config(load_tokenizer, eos_model)
-    stage = fdl.Config(
-        RLTrainer,
-        policy=policy_group(model_path=eos_model, objective=fdl.Config(PolicyObjective),
-                            training=fdl.Config(TrainingSetup, micro_batch_size=8)),
-        tokenizer=tok,
-        train_data=fdl.Config(PromptDataset, rows=fdl.Config(arithmetic_rows, n=8), tokenizer=tok, raw_prompt=True),
-        reward=fdl.Config(RewardManager, scorers={"arithmetic": digit_match_score}),
-        advantage=fdl.Config(GRPO),
-        sampling=fdl.Config(SamplingParams, n=2, max_new_tokens=4),
-        rollout=fdl.Config(AgentRollout, environment=BrokenEnvironment, tokenizer=tok, max_turns=2,
-                           max_response_tokens=16),
-        prompts_per_step=2, total_steps=2, records=None,
-    )
-    g = fdl.Config(Experiment, name="broken", stages={"rl": stage}, runtime=fdl.Config(LocalRuntime),
-                   output_dir=str(tmp_path / "out"), run_name="run", progress=False)
+    g = agent_experiment(eos_model, tmp_path / "out", BrokenEnvironment, rows=8, max_turns=2, max_response_tokens=16,
+                         max_new_tokens=4, total_steps=2, records=None)
     common.streaming(g, max_staleness=1, partial_rollouts=partial)
     seen = run_capturing(monkeypatch, g)
     assert len(seen) == 2
