@@ -43,7 +43,8 @@ def is_adapter_folder(path: str | Path) -> bool:
 
 def adapter_base_name(path: str | Path) -> str:
     """The base model an adapter folder names (`base_model_name_or_path`): a path or a hub id.
-    A relative path that does not exist from here is taken relative to the adapter folder."""
+    A relative path is taken relative to the adapter folder where that folder exists (a folder of the same
+    relative name beside the current directory, e.g. an unrelated `../base`, must not win), else as given."""
     folder = Path(path).expanduser()
     config_file = folder / ADAPTER_CONFIG
     try:
@@ -57,7 +58,7 @@ def adapter_base_name(path: str | Path) -> str:
             f"empty): set it to the base model's folder or hub id"
         )
     relative = folder / base
-    if not Path(base).expanduser().is_absolute() and not Path(base).exists() and relative.is_dir():
+    if not Path(base).expanduser().is_absolute() and relative.is_dir():
         return str(relative)
     return str(base)
 
