@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,6 +27,9 @@ import torch
 from rlhf.cli.experiment import load_experiment
 
 ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
+
 FAMILIES = ["grpo", "ppo", "rloo", "reinforce_pp", "remax", "opo", "gpg", "grpo_passk", "optimal_token_baseline",
             "dapo", "gspo", "sapo", "cispo", "gmpo", "clip_cov", "kl_cov", "rollout_correction", "pf_ppo"]
 ACCURACY = "val-core/arithmetic/reward/mean@1"
@@ -86,6 +90,7 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"steps": args.steps, "prompts": args.prompts, "samples_per_step": args.prompts * 8,
                                 "seed": 0, "results": results}, indent=2))
+    report_pruned(out)
     print(f"\nwrote {path}\n\n| run | held-out accuracy | wall s |\n|---|---|---|")
     for name, r in results.items():
         print(f"| {name} | {100 * r['accuracy']:.1f}% | {r['seconds']:.0f} |")

@@ -53,6 +53,8 @@ import torch
 
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 
 MODES = ["sync", "sync_reseeded", "one_step_off", "streaming"]
 ASYNC = {"one_step_off": dict(max_staleness=1, weights="fixed_lag"),  # = fiddler:one_step_off
@@ -305,6 +307,7 @@ def main() -> int:
     path = ROOT / "benchmarks" / "results" / f"async_rollout-{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2))
+    report_pruned(out)
     print(f"\nwrote {path}\n")
     print(table(report))
     return 0

@@ -31,6 +31,8 @@ from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import metric_values
 
 ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 ACCURACY = "val-core/long_multiplication/reward/mean@1"
 EVAL_CURVES = (ACCURACY, "val-aux/tool_calls/mean", "val-aux/num_turns/mean", "val-aux/agent/errors/total")
 GRPO_CURVES = ("critic/score/mean", "agent/reward/mean", "num_turns/mean", "tool_calls/mean", "agent/errors/total",
@@ -126,6 +128,7 @@ def main() -> int:
     }
     out = ROOT / "benchmarks" / "results" / f"black_box_agent-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
+    report_pruned(work)
     print(json.dumps({k: report[k] for k in ("base_accuracy", "warm_start_accuracy", "trained_accuracy",
                                              "gain_over_warm_start", "gain_over_base", "wall_s", "load_average_after")}))
     print(out)

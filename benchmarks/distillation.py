@@ -51,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from scratch import report_pruned  # noqa: E402
 from transfer import CurveTracker  # noqa: E402  the in-memory tracker of a child's only run
 
 DEFAULT_CACHE = Path("~/.cache/rlhf/teachers").expanduser()
@@ -468,6 +469,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"distillation-{'quick-' if args.quick else ''}{stamp}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
+    report_pruned(workdir)
     for m, row in summary.items():
         if "error" in row:
             print(f"{m}: failed, see {row.get('log')}")

@@ -36,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 
 from transfer import CurveTracker, wilson  # noqa: E402  (set_params, the context manager, hash)
 
@@ -175,6 +176,8 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"preference_pipeline-{stamp}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
+    if not args.workdir:  # a folder the caller named is theirs to keep
+        report_pruned(workdir)
     print(json.dumps({k: result[k] for k in ("rm_heldout_accuracy", "gold_base", "gold_rl_with_rm", "gold_dpo")}))
     print(json.dumps(result["verdict"]))
     print(f"wrote {path}")

@@ -38,6 +38,8 @@ import fiddle as fdl
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 DEFAULT_RECIPE = ROOT / "experiments" / "smollm2_arithmetic.py"
 DEFAULT_OUT = Path(tempfile.gettempdir()) / "rlhf-benchmarks"
 """Where results go without --out: outside the repository, so a run leaves the checkout clean."""
@@ -182,6 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "curve": CurveTracker.curve,
     }
     path = write_result(result, args)
+    report_pruned(graph.output_dir)
     print(f"\nwrote {path}\n")
     for label, key in (("accuracy", "accuracy"), (result["lenient_metric"] or "lenient", "lenient")):
         before, after = result[f"base_{key}"], result[f"trained_{key}"]

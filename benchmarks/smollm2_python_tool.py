@@ -32,6 +32,8 @@ from rlhf.runtime.experiment import run_experiment
 from rlhf.tracking.query import metric_values
 
 ROOT = Path(__file__).parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 ACCURACY = "val-core/long_addition/reward/mean@1"
 EVAL_CURVES = (ACCURACY, "val-aux/tool_calls/mean", "val-aux/num_turns/mean")
 GRPO_CURVES = ("critic/score/mean", "num_turns/mean", "tool_calls/mean", "tool_errors/total", "timing_s/step")
@@ -118,6 +120,7 @@ def main() -> int:
     }
     out = ROOT / "benchmarks" / "results" / f"smollm2_python_tool-{datetime.datetime.now():%Y%m%d-%H%M%S}.json"
     out.write_text(json.dumps(report, indent=1) + "\n")
+    report_pruned(work)
     print(json.dumps({k: report[k] for k in ("heldout_accuracy_with_tool", "heldout_tool_calls_per_conversation",
                                              "wall_s", "load_average_after")}))
     print(out)

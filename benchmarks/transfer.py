@@ -35,6 +35,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 
 PANEL = [
     "arithmetic",
@@ -213,6 +215,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"transfer-{stamp}.json"
     path.write_text(json.dumps(result, indent=1) + "\n")
+    report_pruned(workdir)
     print(json.dumps(result["verdict"]))
     print(f"wrote {path}")
     return 0
