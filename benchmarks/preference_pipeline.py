@@ -37,7 +37,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
-
 from transfer import CurveTracker, wilson  # noqa: E402  (set_params, the context manager, hash)
 
 GOLD = "val-core/direct_answer/reward/mean@1"

@@ -73,19 +73,21 @@ def gold_reward() -> fdl.Config[RewardManager]:
     return fdl.Config(RewardManager, scorers={"direct_answer": direct_answer_score})
 
 
-def labelled_pairs(generations: str, split: str, test_fraction: float = HELDOUT_PAIRS, seed: int = 0) -> list[dict]:
+def labelled_pairs(generations: str, split: str, test_fraction: float = HELDOUT_PAIRS, seed: int = 0,
+                   length_matched: bool = True) -> list[dict]:
     """Preference rows from a GenerationStage's scored samples: each prompt's best and worst answer by the gold
     rule (`pairs_from_samples`; prompts whose answers all score the same give none), `split` "train" or "test"
-    of a seeded `test_fraction` split (the same one `rlhf data prepare preferences` makes)."""
+    of a seeded `test_fraction` split (the same one `rlhf data prepare preferences --length-matched` makes).
+    `length_matched`: among tied answers, the pair closest in length, so length explains less of the label."""
     with open(generations, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    pairs = [pairs_from_samples(row, row["responses"], row["scores"]) for row in rows]
+    pairs = [pairs_from_samples(row, row["responses"], row["scores"], length_matched=length_matched) for row in rows]
     train, test = split_pairs([p for p in pairs if p is not None], test_fraction, seed)
     return train if split == "train" else test
 
 
 def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int = 4, rm_steps: int = 80,
-         rm_lr: float = 3e-5, rl_steps: int = 16, rl_lr: float = 2e-5, kl_coef: float = 0.05, dpo_steps: int = 40, dpo_lr: float = 5e-6,
+         rm_lr: float = 3e-5, rl_steps: int = 24, rl_lr: float = 2e-5, kl_coef: float = 0.05, dpo_steps: int = 40, dpo_lr: float = 5e-6,
          dpo_beta: float = 0.1, generations: str | None = None) -> fdl.Config[Experiment]:
     """samples -> rm -> grpo, and samples -> dpo, fp32 on CPU; `prompts` training prompts answered `samples`
     times for the pairs; `generations`: pairs from this scored `generations.jsonl` of an earlier run's samples stage

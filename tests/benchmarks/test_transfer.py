@@ -39,3 +39,11 @@ def test_verdict_checks_each_target_separately():
     assert not small["every_task_gains_10_points"] and small["mean_gain_15_points"]
     failed = transfer.verdict([{"task": "x", "error": ["boom"]}])
     assert failed["tasks_failed"] == 1 and not failed["every_task_gains_10_points"]
+
+
+def test_the_seed_reaches_the_training_stage_and_leaves_the_rows(tmp_path):
+    graphs = [transfer.panel_graph("reasoning_gym/gcd", {"max_value": 20}, 3, tmp_path, seed=seed) for seed in (0, 7)]
+    assert [g.stages["grpo"].seed for g in graphs] == [0, 7]
+    assert graphs[0].stages["grpo"].total_steps == 3
+    for part in ("train_data", "evaluator"):  # the same rows for every seed: the spread is the training's
+        assert repr(getattr(graphs[0].stages["grpo"], part)) == repr(getattr(graphs[1].stages["grpo"], part))
