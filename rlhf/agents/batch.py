@@ -98,9 +98,14 @@ def _set_version_columns(out: Batch, trajectories: Sequence[Trajectory]) -> None
     for i, t in enumerate(trajectories):
         for (start, end), version in zip(t.turns, t.turn_versions):
             tokens[i, start:end] = version
-    known = [v for t in trajectories for v in t.turn_versions]
-    first = [min(t.turn_versions, default=min(known)) for t in trajectories]
-    last = [max(t.turn_versions, default=min(known)) for t in trajectories]
+        for position, version in t.continuations:  # a turn's later chunks: from where each starts to its turn's end
+            if version < 0:
+                continue
+            end = next((e for s, e in t.turns if s <= position < e), position)
+            tokens[i, position:end] = version
+    known = [v for t in trajectories for v in t.versions]
+    first = [min(t.versions, default=min(known)) for t in trajectories]
+    last = [max(t.versions, default=min(known)) for t in trajectories]
     out["token_policy_version"] = tokens
     out["policy_version"] = torch.tensor(first, dtype=torch.int64)
     out["policy_version_last"] = torch.tensor(last, dtype=torch.int64)

@@ -58,7 +58,7 @@ class Group:
     @property
     def oldest(self) -> int | None:
         """The oldest policy version any of its sampled tokens came from (None: nothing sampled yet)."""
-        versions = [v for c in self.conversations for v in c.trajectory.turn_versions]
+        versions = [v for c in self.conversations for v in c.trajectory.versions]
         return min(versions) if versions else None
 
 

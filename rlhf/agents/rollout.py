@@ -75,6 +75,10 @@ class AgentRollout:
         max_concurrent_steps: PositiveInt = 64,  # environment calls running at once
         eos_token_ids: Sequence[int] | None = None,  # where the engine stops a turn; None: the tokenizer's EOS
         mask_truncated: bool = False,  # zero the loss mask of conversations a limit cut off (overlong filtering)
+        # sample each turn in chunks of this many tokens, one generate call each: with partial rollouts the
+        # producer loads newer weights between chunks, so one long turn no longer holds a batch (None: a turn is
+        # one generate call). Each chunk re-reads the conversation so far: more prefill, the same tokens
+        turn_chunk_tokens: PositiveInt | None = None,
     ):
         self.environment = environment
         self.tokenizer = tokenizer
@@ -87,6 +91,7 @@ class AgentRollout:
         self.max_concurrent_steps = max_concurrent_steps
         self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else [tokenizer.eos_token_id]
         self.mask_truncated = mask_truncated
+        self.turn_chunk_tokens = turn_chunk_tokens
         self._warned_tools = False  # the template-ignores-tools warning is given once per rollout producer
 
     # ------------------------------------------------------------ producer
@@ -119,8 +124,9 @@ class AgentRollout:
         limit = asyncio.Semaphore(self.max_concurrent_steps)
         clock = Clock()
         conversations = await self.open_conversations(records, fallback_prompts, limit, clock)
+        chunks = -(-sampling.max_new_tokens // self.turn_chunk_tokens) if self.turn_chunk_tokens else 1
         try:
-            for _ in range(self.max_turns):
+            for _ in range(self.max_turns * chunks):  # every pass samples a turn, or a chunk of one
                 if all(c.trajectory.finished for c in conversations):
                     break
                 await self.advance(generate, conversations, sampling, limit, clock)
@@ -138,13 +144,14 @@ class AgentRollout:
 
     async def advance(self, generate: Generate, conversations: Sequence[Conversation], sampling: SamplingParams,
                       limit: asyncio.Semaphore, clock: Clock) -> None:
-        """One assistant turn for every live one of `conversations` (one `generate` call), then one environment
-        step each, concurrently. Each conversation counts its own turns (partial rollouts mix ages)."""
+        """One assistant turn (or, with `turn_chunk_tokens`, the next chunk of one) for every live one of
+        `conversations` (one `generate` call), then one environment step for each whose turn ended, concurrently.
+        Each conversation counts its own turns (partial rollouts mix ages)."""
         live = [c for c in conversations if not c.trajectory.finished]
         if not live:
             return
         self._generate_turn(generate, [c.trajectory for c in live], [c.renderer for c in live], sampling)
-        acting = [c for c in live if not c.trajectory.finished]
+        acting = [c for c in live if not c.trajectory.finished and not c.trajectory.turn_paused]
         results = await asyncio.gather(*(
             self._step(c.env, self._action(c.trajectory, len(c.trajectory.turns)), limit, clock) for c in acting))
         for c, (result, error) in zip(acting, results):
@@ -207,17 +214,27 @@ class AgentRollout:
     def _generate_turn(
         self, generate: Generate, live: list[Trajectory], renderers: list[ChatRenderer], sampling: SamplingParams
     ) -> None:
-        """One assistant turn for every live conversation, in one `generate` call on their token ids."""
-        budget = min(sampling.max_new_tokens, max(t.room for t in live))
+        """One assistant turn for every live conversation, in one `generate` call on their token ids; with
+        `turn_chunk_tokens`, at most that many tokens of it, a paused turn continuing where its last chunk ended."""
+        turn_left = [sampling.max_new_tokens - _paused_length(t) for t in live]  # each turn's own budget
+        budget = min(max(min(k, t.room) for k, t in zip(turn_left, live)),
+                     self.turn_chunk_tokens or sampling.max_new_tokens)
         turn = dataclasses.replace(sampling, n=1, max_new_tokens=max(budget, 1))
         out = generate(_prompt_batch([t.all_ids for t in live], self.tokenizer.pad_token_id), turn)
         lengths = out["response_mask"].sum(dim=1).tolist()
         versions = out["policy_version"].tolist() if "policy_version" in out else [None] * len(live)  # async rollout
         for row, (t, renderer) in enumerate(zip(live, renderers)):
-            n = int(lengths[row])
-            t.add_sampled(renderer, out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist(),
-                          temperature=turn.logit_temperature, version=versions[row])
-            if not t.turn_stopped:  # cut by max_new_tokens before its end-of-turn token: nothing can follow
+            n = min(int(lengths[row]), turn_left[row])  # past the token budget: add_sampled cuts and ends it
+            ids, log_probs = out["responses"][row, :n].tolist(), out["rollout_log_probs"][row, :n].tolist()
+            if t.turn_paused:
+                t.continue_sampled(renderer, ids, log_probs, version=versions[row])
+            else:
+                t.add_sampled(renderer, ids, log_probs, temperature=turn.logit_temperature, version=versions[row])
+            if t.turn_stopped or t.finished:
+                continue
+            if self.turn_chunk_tokens and int(lengths[row]) >= budget and n < turn_left[row] and t.room > 0:
+                t.turn_paused = True  # stopped at the chunk's budget with room left: the next pass continues it
+            else:  # cut by max_new_tokens before its end-of-turn token: nothing can follow
                 t.finish("length")
 
     def _action(self, t: Trajectory, turn: int) -> Action:
@@ -436,6 +453,11 @@ class Clock:
         self._running -= 1
         if self._running == 0:
             self.seconds += time.perf_counter() - self._since
+
+
+def _paused_length(t: Trajectory) -> int:
+    """Tokens the paused last turn of `t` already holds (0 when no turn is paused)."""
+    return t.turns[-1][1] - t.turns[-1][0] if t.turn_paused else 0
 
 
 def _prompt_batch(ids: Sequence[Sequence[int]], pad_token_id: int) -> Batch:

@@ -22,6 +22,10 @@ rendered after a fixed two-message conversation instead, and `template_fallbacks
 
 Truncation: the response (everything after the prompt) never exceeds `max_response_tokens`;
 whatever would pass it is cut, and the trajectory ends there (`finish_reason` "max_tokens").
+
+A turn may be sampled in chunks (`AgentRollout(turn_chunk_tokens=...)`, so a weight update can land inside a long
+turn): a chunk that stops at the chunk's budget leaves the turn `turn_paused`, and `continue_sampled` appends the
+next chunk to the same turn, recording where it starts and the policy version that sampled it (`continuations`).
 """
 
 from __future__ import annotations
@@ -138,6 +142,10 @@ class Trajectory:
     turn_versions: list[int] = dataclasses.field(default_factory=list)
     prompt_ends_turn: bool = False  # the prompt ends with a sampled assistant turn (a gateway fork): the next
     #                                 observation starts with what the template writes after that turn
+    turn_paused: bool = False  # the last turn stopped at a chunk boundary: its next chunk continues it
+    # each chunk that continued a paused turn: (its first position in response_ids, the policy version that sampled
+    # it, -1 when unknown); the turn's first chunk has its version in turn_versions
+    continuations: list[tuple[int, int]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def start(cls, renderer: ChatRenderer, messages: Sequence[Mapping], max_response_tokens: int) -> Trajectory:
@@ -203,6 +211,36 @@ class Trajectory:
         self.messages.append({"role": "assistant", "content": text})
         return text
 
+    def continue_sampled(self, renderer: ChatRenderer, ids: Sequence[int], log_probs: Sequence[float],
+                         version: int | None = None) -> str:
+        """Append the next chunk of the paused last turn (same turn, same temperature; cut to the budget as
+        `add_sampled`); the turn's message becomes the decoded text of all its chunks. Returns that text."""
+        if not self.turn_paused or not self.turns:
+            raise ValueError("continue_sampled: the last turn is not paused (add_sampled starts a turn)")
+        if len(ids) != len(log_probs):
+            raise ValueError(f"continue_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
+        ids, log_probs = list(ids), [float(x) for x in log_probs]
+        if len(ids) > self.room:
+            ids, log_probs = ids[: self.room], log_probs[: self.room]
+            self.finish("max_tokens")
+        start, _ = self.turns[-1]
+        self.continuations.append((len(self.response_ids), -1 if version is None else int(version)))
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.log_probs += log_probs
+        self.turns[-1] = (start, len(self.response_ids))
+        self.turn_paused = False
+        whole = self.response_ids[start:]
+        self.turn_stopped = bool(whole) and whole[-1] in renderer.eos_token_ids
+        text = renderer.decode(whole[:-1] if self.turn_stopped else whole)
+        self.messages[-1] = {**self.messages[-1], "content": text}
+        return text
+
+    @property
+    def versions(self) -> list[int]:
+        """Every known policy version among its sampled tokens (turns' first chunks and continuations)."""
+        return list(self.turn_versions) + [v for _, v in self.continuations if v >= 0]
+
     def add_turn_text(self, renderer: ChatRenderer, text: str) -> None:
         """Append `text` to the last assistant turn as context (mask 0): text the client received that the
         engine did not sample as such (the gateway: the part of a token cut by a stop string)."""
@@ -240,7 +278,7 @@ class Trajectory:
             "log_probs": self.log_probs, "messages": self.messages, "turns": [list(t) for t in self.turns],
             "finish_reason": self.finish_reason, "rewards": self.rewards, "info": self.info,
             "max_response_tokens": self.max_response_tokens, "temperatures": self.temperatures,
-            "turn_versions": self.turn_versions,
+            "turn_versions": self.turn_versions, "continuations": [list(c) for c in self.continuations],
         }
 
     @classmethod
@@ -258,6 +296,7 @@ class Trajectory:
             turns=[tuple(t) for t in data.get("turns", [])], finish_reason=data.get("finish_reason"),
             rewards=_numbers(data, "rewards"), info=dict(data.get("info", {})),
             temperatures=_numbers(data, "temperatures"), turn_versions=[int(v) for v in _numbers(data, "turn_versions")],
+            continuations=[(int(p), int(v)) for p, v in data.get("continuations", [])],
         )
 
 

@@ -28,6 +28,12 @@ class ScriptedPolicy:
         self.calls = 0
         self.sampled: dict[str, int] = {}
 
+    def _paused_part(self, ids: list[int]) -> list[int]:
+        """The ids after the last assistant header: the part of a turn already sampled (empty at a turn's start)."""
+        header = self.tokenizer("<|im_start|>assistant\n", add_special_tokens=False)["input_ids"]
+        starts = [i for i in range(len(ids) - len(header) + 1) if ids[i:i + len(header)] == header]
+        return ids[starts[-1] + len(header):] if starts else []
+
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         self.calls += 1
         rows, log_probs = [], []
@@ -37,7 +43,9 @@ class ScriptedPolicy:
             turn = text.count("<|im_start|>assistant") - 1
             reply = self.tokenizer(self.scripts[marker][turn], add_special_tokens=False)["input_ids"]
             reply = reply + ([self.tokenizer.eos_token_id] if self.stop else [])
-            reply = reply[: sampling.max_new_tokens]
+            sampled = self._paused_part(ids[mask.bool()].tolist())  # a turn sampled in chunks goes on from there
+            assert reply[: len(sampled)] == sampled, "the prompt's paused turn is not this script's"
+            reply = reply[len(sampled):][: sampling.max_new_tokens]
             start = self.sampled.get(marker, 0)
             self.sampled[marker] = start + len(reply)
             rows.append(reply)
