@@ -9,8 +9,9 @@ pool of prompt groups (a prompt's `n` conversations, the unit GRPO needs togethe
     run turns over every running conversation of the pool, one `generate` call per turn
     emit the first `len(prompts)` groups that have ended, oldest first; the rest stay in the pool
 
-Between turns the asynchronous producer loads the newest published weights (`AsyncRollout(partial_rollouts=True)`),
-so a conversation that was running at a weight update continues on the new weights; each sampled token keeps the
+Between turns (and between the chunks of a turn, `AgentRollout(turn_chunk_tokens=...)`) the asynchronous producer
+loads the newest published weights (`AsyncRollout(partial_rollouts=True)`), so a conversation that was running at
+a weight update continues on the new weights; each sampled token keeps the
 log-prob and the policy version it was sampled with (`Trajectory.turn_versions`, the batch's
 `token_policy_version`), and the loss's behaviour log-probs are per token already (`rollout_log_probs`).
 
@@ -69,9 +70,9 @@ class PartialRollouts:
         if not isinstance(agent, AgentRollout):
             raise ValueError(
                 f"partial rollouts continue multi-turn conversations between turns, so they need "
-                f"RLTrainer(rollout=AgentRollout(...)), not {type(agent).__name__}: a single-turn response is one "
-                "engine call that these engines cannot pause, and an agent program's attempt lives inside one "
-                "rollout call (docs/agents.md)")
+                f"RLTrainer(rollout=AgentRollout(...)), not {type(agent).__name__}. A single-turn task runs as a "
+                "one-turn AgentRollout(environment=ToolEnvironment, turn_chunk_tokens=...), paused between chunks; "
+                "an agent program's attempt lives inside one rollout call (docs/async.md, docs/agents.md)")
         self.agent = agent
         self.groups: list[Group] = []  # in admission order
         self.oldest_allowed = 0  # the oldest policy version the next batch may hold (set per batch by the producer)

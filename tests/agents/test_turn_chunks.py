@@ -113,3 +113,49 @@ def test_continue_sampled_refuses_a_turn_that_is_not_paused():
     t = Trajectory([1], [], 10)
     with pytest.raises(ValueError, match="not paused"):
         t.continue_sampled(None, [2], [-0.1])
+
+
+def test_with_the_real_engine_chunks_are_token_exact(eos_model):
+    """The transformers engine continuing a paused turn from its ids: greedy, chunks of 1 token give the tokens one call
+    per turn gives; sampled, every chunk's log-probs equal the trainer's recompute over the whole conversation."""
+    from rlhf.models.loading import load_tokenizer
+    from rlhf.rollout.hf_engine import HFEngine
+    from rlhf.workers.policy import PolicyWorker
+
+    class Continue:
+        def reset(self, row):
+            return list(row["raw_prompt"])
+
+        def step(self, action):
+            return StepResult([{"role": "user", "content": f"And {action.turn}+1?"}], done=action.turn == 3)
+
+    tok, engine = load_tokenizer(eos_model), HFEngine(eos_model)
+    questions = [{"data_source": "calc", "prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": "3"},
+                  "extra_info": {}} for q in ("What is 12+30?", "What is 7+8?")]
+    rows = PromptDataset(questions, tok, raw_prompt=True).collate(range(2))
+
+    calls = []
+
+    def rollout(chunk, sampling):
+        agent = AgentRollout(environment=Continue, tokenizer=tok, max_turns=3, max_response_tokens=96,
+                             turn_chunk_tokens=chunk)
+        torch.manual_seed(0)
+        calls.append(0)
+
+        def generate(batch, turn):
+            calls[-1] += 1
+            return engine.generate(batch, turn)
+        return agent.rollout(generate, rows, sampling)
+
+    greedy = SamplingParams(n=1, temperature=0.0, max_new_tokens=10)
+    (whole, _), (chunked, metrics) = rollout(None, greedy), rollout(1, greedy)
+    assert metrics["num_turns/mean"] > 1 and calls[1] > calls[0]  # turns of more than 1 token were paused
+    for key in ("responses", "response_mask", "attention_mask"):
+        assert torch.equal(whole[key], chunked[key]), key
+    assert (whole["rollout_log_probs"] - chunked["rollout_log_probs"]).abs().max() < 1e-4
+
+    sampled, _ = rollout(2, SamplingParams(n=4, temperature=1.0, max_new_tokens=10))
+    assert calls[2] > calls[0]
+    mask = sampled["response_mask"].bool()
+    old = PolicyWorker(eos_model).compute_log_probs(sampled)["old_log_probs"]
+    assert (old - sampled["rollout_log_probs"]).abs()[mask].max() < 1e-4
