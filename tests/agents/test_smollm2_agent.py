@@ -38,6 +38,25 @@ def test_smollm2_multi_turn_log_probs_match_the_trainer(smollm2_path):
 
 
 @pytest.mark.real_model
+def test_smollm2_turns_in_chunks_equal_turns_in_one_call(smollm2_path):
+    """Greedy, each turn in chunks of 5 tokens (a weight update could land between them) gives SmolLM2's
+    tokens and log-probs of one call per turn: a paused turn goes on from its ids with its 49k-BPE template."""
+    tok = load_tokenizer(smollm2_path)
+    rows = [{"data_source": "chat", "prompt": [{"role": "user", "content": q}], "reward_model": {"ground_truth": "0"},
+             "extra_info": {}} for q in ("What is 12+30?", "Name a colour.")]
+    prompts = PromptDataset(rows, tok, raw_prompt=True).collate([0, 1])
+    engine = HFEngine(smollm2_path)
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=16)
+    whole, chunked = (AgentRollout(environment=ContinueEnvironment, tokenizer=tok, max_turns=2, max_response_tokens=48,
+                                   turn_chunk_tokens=chunk).rollout(engine.generate, prompts, greedy)[0]
+                      for chunk in (None, 5))
+    assert whole["response_mask"].sum() > 20  # turns longer than a chunk
+    for key in ("responses", "response_mask", "attention_mask"):
+        assert torch.equal(whole[key], chunked[key]), key
+    assert (whole["rollout_log_probs"] - chunked["rollout_log_probs"]).abs().max() < 1e-3
+
+
+@pytest.mark.real_model
 def test_smollm2_python_tool_recipe_smoke(smollm2_path, tmp_path):
     recipe = load_file("experiments/smollm2_python_tool.py")
     graph = recipe.base()
