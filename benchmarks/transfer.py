@@ -29,6 +29,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -213,20 +214,37 @@ def main() -> int:
     workdir = Path(tempfile.mkdtemp(prefix=f"transfer-{stamp}-"))
     load_before = os.getloadavg()
     started = time.perf_counter()
-    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
-        rows = list(pool.map(lambda s: spawn(s, args.steps, workdir, args.recipe_args, args.seed), specs))
-    result = {
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-        "recipe": "experiments/smollm2_tasks.py" + (f" base(...{args.recipe_args})" if args.recipe_args else " (defaults)"), "model": "SmolLM2-135M-Instruct, fp32, CPU",
-        "steps": args.steps, "seed": args.seed, "parallel": args.parallel, "targets": TARGETS, "verdict": verdict(rows),
-        "wall_minutes": round((time.perf_counter() - started) / 60, 1),
-        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, one thread per task",
-        "command": " ".join(sys.argv), "logs": str(workdir), "tasks": rows,
-    }
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"transfer-{stamp}.json"
-    path.write_text(json.dumps(result, indent=1) + "\n")
+    done: dict[int, dict] = {}
+    lock = threading.Lock()
+
+    def write() -> dict:  # after every task: a run cut short keeps the tasks it finished
+        rows = [done[i] for i in sorted(done)]
+        result = {
+            "date": datetime.datetime.now().isoformat(timespec="seconds"),
+            "recipe": "experiments/smollm2_tasks.py" + (f" base(...{args.recipe_args})" if args.recipe_args
+                                                        else " (defaults)"),
+            "model": "SmolLM2-135M-Instruct, fp32, CPU", "steps": args.steps, "seed": args.seed,
+            "parallel": args.parallel, "targets": TARGETS, "verdict": verdict(rows),
+            "finished": len(done) == len(specs), "wall_minutes": round((time.perf_counter() - started) / 60, 1),
+            "load_average": {"before": [round(x, 2) for x in load_before],
+                             "after": [round(x, 2) for x in os.getloadavg()]},
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, one thread per task",
+            "command": " ".join(sys.argv), "logs": str(workdir), "tasks": rows,
+        }
+        path.write_text(json.dumps(result, indent=1) + "\n")
+        return result
+
+    def one(i: int) -> None:
+        row = spawn(specs[i], args.steps, workdir, args.recipe_args, args.seed)
+        with lock:
+            done[i] = row
+            write()
+
+    with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+        list(pool.map(one, range(len(specs))))
+    result = write()
     report_pruned(workdir)
     print(json.dumps(result["verdict"]))
     print(f"wrote {path}")
