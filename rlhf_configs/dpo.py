@@ -17,13 +17,10 @@ from rlhf.algos.preference import DPOLoss, IPOLoss, PreferenceLoss, RobustDPOLos
 from rlhf.data.preferences import PreferenceDataset, load_preference_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.runtime.experiment import Experiment
-from rlhf.runtime.local import LocalRuntime
-from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.dpo import DPOTrainer
 from rlhf.workers.objectives import DPOObjective
 from rlhf.workers.training import TrainingSetup
-from rlhf_configs.pieces import policy_group
+from rlhf_configs.pieces import one_stage_experiment, policy_group
 
 LOSSES: dict[str, type[PreferenceLoss]] = {
     "sigmoid": DPOLoss, "robust": RobustDPOLoss, "ipo": IPOLoss, "simpo": SimPOLoss, "rpo": RPOLoss,
@@ -87,12 +84,5 @@ def dpo_experiment(
     aim_repo: str | None = None, progress: bool = True, **stage,
 ) -> fdl.Config[Experiment]:
     """`rlhf dpo`: one DPO stage (keyword arguments go to `dpo_stage`)."""
-    return fdl.Config(
-        Experiment,
-        name="dpo",
-        stages={"dpo": dpo_stage(model, data, val, **stage)},
-        runtime=fdl.Config(LocalRuntime if local else RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=aim_repo, experiment="dpo") if aim_repo else None,
-        output_dir=out,
-        progress=progress,
-    )
+    return one_stage_experiment("dpo", dpo_stage(model, data, val, **stage), out=out, local=local,
+                                aim_repo=aim_repo, progress=progress)

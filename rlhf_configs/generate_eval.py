@@ -16,14 +16,11 @@ from rlhf.rollout.hf_engine import HFEngine
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.rollout.vllm_engine import VLLMEngine
 from rlhf.runtime.experiment import Experiment
-from rlhf.runtime.local import LocalRuntime
-from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.tracking.query import producer_run
 from rlhf.trainers.eval_job import EvalJob
 from rlhf.trainers.generate import RESPONSES_PER_CALL, GenerationStage
 from rlhf.trainers.probe import ProbeJob
-from rlhf_configs.pieces import policy_group
+from rlhf_configs.pieces import one_stage_experiment, policy_group
 
 
 def rollout_engine(name: str, dtype: str, max_model_len: int):
@@ -85,17 +82,6 @@ def generation_stage(model, data, out, *, n, temperature, top_p, max_new_tokens,
     )
 
 
-def _root(name, stage, *, local, aim_repo, progress=True):
-    return fdl.Config(
-        Experiment,
-        name=name,
-        stages={name: stage},
-        runtime=fdl.Config(LocalRuntime if local else RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=aim_repo, experiment=name) if aim_repo else None,
-        progress=progress,
-    )
-
-
 def _parent(aim_repo, path, param="checkpoint"):
     """The Aim run that wrote `path` (a trainer's checkpoint, a generations file), if tracked."""
     if not aim_repo or path is None or not Path(path).exists():
@@ -121,7 +107,7 @@ def generation_experiment(
         gpus_per_worker=gpus_per_worker, dtype=dtype, parent_run=_parent(aim_repo, model), engine=engine,
         limit=limit, reward=reward,
     )
-    return _root("generate", stage, local=local, aim_repo=aim_repo, progress=progress)
+    return one_stage_experiment("generate", stage, local=local, aim_repo=aim_repo, progress=progress)
 
 
 def eval_experiment(
@@ -157,7 +143,7 @@ def eval_experiment(
         seed=seed,
         parent_run=_parent(aim_repo, model) if model else _parent(aim_repo, generations, "generations"),
     )
-    return _root("eval", stage, local=local or generation is None, aim_repo=aim_repo, progress=progress)
+    return one_stage_experiment("eval", stage, local=local or generation is None, aim_repo=aim_repo, progress=progress)
 
 
 def probe_experiment(
@@ -179,4 +165,4 @@ def probe_experiment(
     )
     stage = fdl.Config(ProbeJob, generation=generation, reward=reward_manager(scorer, scorers),
                        budgets=tuple(budgets), out=out, max_cut=max_cut)
-    return _root("probe", stage, local=local, aim_repo=aim_repo, progress=progress)
+    return one_stage_experiment("probe", stage, local=local, aim_repo=aim_repo, progress=progress)

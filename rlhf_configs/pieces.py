@@ -1,4 +1,4 @@
-"""Graph builders shared by experiments: a policy worker group, a tiny local model."""
+"""Graph builders shared by experiments: a policy worker group, a tiny local model, a one-stage experiment."""
 
 from __future__ import annotations
 
@@ -7,7 +7,11 @@ from typing import Any
 import fiddle as fdl
 
 from rlhf.models.tiny import tiny_qwen2
+from rlhf.runtime.experiment import Experiment
+from rlhf.runtime.local import LocalRuntime
+from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import Remote
+from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.training import TrainingSetup
 
@@ -34,3 +38,20 @@ def policy_group(
         cpus_per_worker=cpus_per_worker,
         gpus_per_worker=gpus_per_worker,
     )
+
+
+def one_stage_experiment(name: str, stage: fdl.Config, *, out: str | None = None, local: bool = False,
+                         aim_repo: str | None = None, progress: bool = True) -> fdl.Config[Experiment]:
+    """The experiment of a one-stage command (`rlhf sft`, `dpo`, `rm`, `generate`, `eval`, `probe`): the stage
+    named `name`, in this process (`local`) or on Ray, recorded in Aim under `name` when `aim_repo` is given."""
+    graph = fdl.Config(
+        Experiment,
+        name=name,
+        stages={name: stage},
+        runtime=fdl.Config(LocalRuntime if local else RayRuntime),
+        tracker=fdl.Config(AimTracker, repo=aim_repo, experiment=name) if aim_repo else None,
+        progress=progress,
+    )
+    if out is not None:
+        graph.output_dir = out
+    return graph

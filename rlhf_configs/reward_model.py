@@ -18,13 +18,11 @@ from rlhf.algos.reward_model_loss import BradleyTerryLoss
 from rlhf.data.preferences import PreferenceDataset, load_preference_rows
 from rlhf.models.loading import load_tokenizer
 from rlhf.runtime.experiment import Experiment
-from rlhf.runtime.local import LocalRuntime
-from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.runtime.remote import Remote
-from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.reward_model import RewardModelTrainer
 from rlhf.workers.reward_model import RewardModelWorker
 from rlhf.workers.training import TrainingSetup
+from rlhf_configs.pieces import one_stage_experiment
 
 
 def reward_model_group(
@@ -93,12 +91,5 @@ def rm_experiment(
     aim_repo: str | None = None, progress: bool = True, **stage,
 ) -> fdl.Config[Experiment]:
     """`rlhf rm`: one reward-model stage (keyword arguments go to `rm_stage`)."""
-    return fdl.Config(
-        Experiment,
-        name="rm",
-        stages={"rm": rm_stage(model, data, val, **stage)},
-        runtime=fdl.Config(LocalRuntime if local else RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=aim_repo, experiment="rm") if aim_repo else None,
-        output_dir=out,
-        progress=progress,
-    )
+    return one_stage_experiment("rm", rm_stage(model, data, val, **stage), out=out, local=local,
+                                aim_repo=aim_repo, progress=progress)

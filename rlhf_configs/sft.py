@@ -18,14 +18,11 @@ from rlhf.models.loading import load_tokenizer
 from rlhf.rewards import RewardManager, default_scorers
 from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment
-from rlhf.runtime.local import LocalRuntime
-from rlhf.runtime.ray_runtime import RayRuntime
-from rlhf.tracking.aim_tracker import AimTracker
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.sft import SFTTrainer
 from rlhf.workers.objectives import SFTObjective
 from rlhf.workers.training import TrainingSetup
-from rlhf_configs.pieces import policy_group
+from rlhf_configs.pieces import one_stage_experiment, policy_group
 
 
 def sft_stage(
@@ -82,12 +79,5 @@ def sft_experiment(
     aim_repo: str | None = None, progress: bool = True, **stage,
 ) -> fdl.Config[Experiment]:
     """`rlhf sft`: one SFT stage (keyword arguments go to `sft_stage`)."""
-    return fdl.Config(
-        Experiment,
-        name="sft",
-        stages={"sft": sft_stage(model, data, val, **stage)},
-        runtime=fdl.Config(LocalRuntime if local else RayRuntime),
-        tracker=fdl.Config(AimTracker, repo=aim_repo, experiment="sft") if aim_repo else None,
-        output_dir=out,
-        progress=progress,
-    )
+    return one_stage_experiment("sft", sft_stage(model, data, val, **stage), out=out, local=local,
+                                aim_repo=aim_repo, progress=progress)
