@@ -100,30 +100,33 @@ def source_of(task: str) -> str:
     return "arithmetic" if task == "arithmetic" else task
 
 
-def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0):
+def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0,
+                overrides: tuple[str, ...] = ()):
     """The recipe's graph for one task: local, untracked, its GRPO stage trained with `seed` (prompt order and
-    sampling; the rows, held-out ones included, stay the same)."""
+    sampling; the rows, held-out ones included, stay the same) and `overrides` (`set:` commands, e.g.
+    "set:stages.grpo.prompts_per_step=16") applied after it."""
     import fiddle as fdl
 
     from rlhf.cli.experiment import build_graph, load_experiment
 
     recipe = load_experiment(str(ROOT / "experiments" / "smollm2_tasks.py"))
     commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps}{recipe_args})", "fiddler:local",
-                "fiddler:quiet", f"set:stages.grpo.seed={seed}"]
+                "fiddler:quiet", f"set:stages.grpo.seed={seed}", *overrides]
     graph, _ = build_graph(recipe, commands)
     graph.tracker = fdl.Config(CurveTracker)
     graph.output_dir = str(out)
     return graph
 
 
-def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0) -> dict:
+def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0,
+             overrides: tuple[str, ...] = ()) -> dict:
     """One task, in this process (`panel_graph`); returns the task's row of the panel."""
     import torch
 
     torch.set_num_threads(1)
     from rlhf.runtime.experiment import run_experiment
 
-    graph = panel_graph(task, settings, steps, out, recipe_args, seed)
+    graph = panel_graph(task, settings, steps, out, recipe_args, seed, overrides)
     source = source_of(task)
     strict, lenient = f"val-core/{source}/reward/mean@1", f"val-aux/{source}/lenient/mean@1"
     started = time.perf_counter()
@@ -136,7 +139,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     train_s = sum(p.get("timing_s/step", 0.0) for p in CurveTracker.curve)
     partial = f"reward/extra/{source}/partial/mean"
     return {
-        "task": task, "settings": settings, "seed": seed, "heldout_rows": rows,
+        "task": task, "settings": settings, "seed": seed, "overrides": list(overrides), "heldout_rows": rows,
         "base_accuracy": round(base[strict], 4), "trained_accuracy": round(trained[strict], 4),
         "base_lenient": round(base[lenient], 4), "trained_lenient": round(trained[lenient], 4),
         "ci95": wilson(trained[strict], rows or 200),
@@ -152,14 +155,15 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     }
 
 
-def child(spec: str, steps: int, out: Path, recipe_args: str = "", seed: int = 0) -> int:
+def child(spec: str, steps: int, out: Path, recipe_args: str = "", seed: int = 0, overrides: tuple[str, ...] = ()) -> int:
     task, settings = parse_task(spec)
-    row = run_task(task, settings, steps, out, recipe_args, seed)
+    row = run_task(task, settings, steps, out, recipe_args, seed, overrides)
     print("RESULT " + json.dumps(row), flush=True)
     return 0
 
 
-def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "", seed: int = 0) -> dict:
+def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "", seed: int = 0,
+          overrides: tuple[str, ...] = ()) -> dict:
     """Run one task in a fresh process (its log beside the results); its row, or the error."""
     name = spec.split("=")[0].replace("/", "_")
     log = workdir / f"{name}.log"
@@ -168,7 +172,8 @@ def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "", seed: int
                                                                                           os.environ.get("PYTHONPATH")]))}
     with open(log, "w") as f:
         done = subprocess.run([sys.executable, __file__, "--child", spec, "--steps", str(steps),
-                               "--workdir", str(workdir / name), "--recipe-args", recipe_args, "--seed", str(seed)], stdout=f, stderr=subprocess.STDOUT, env=env)
+                               "--workdir", str(workdir / name), "--recipe-args", recipe_args, "--seed", str(seed),
+                               *[f"--set={o}" for o in overrides]], stdout=f, stderr=subprocess.STDOUT, env=env)
     results = [line[len("RESULT "):] for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     if done.returncode or not results:
         tail = log.read_text().strip().splitlines()[-5:]
@@ -178,6 +183,11 @@ def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "", seed: int
           f"lenient {100 * row['base_lenient']:5.1f}% -> {100 * row['trained_lenient']:5.1f}%, "
           f"{row['train_minutes']:.1f} min", flush=True)
     return row
+
+
+def overrides(args: argparse.Namespace) -> tuple[str, ...]:
+    """--set PATH=VALUE flags as set: commands."""
+    return tuple(o if o.startswith("set:") else f"set:{o}" for o in args.set)
 
 
 def verdict(rows: list[dict]) -> dict:
@@ -203,11 +213,14 @@ def main() -> int:
                         '", temperature=0.7" (the JSON records them; the panel\'s verdict is for the defaults)')
     parser.add_argument("--seed", type=int, default=0, help="the GRPO stage's seed (prompt order, sampling); the "
                         "rows stay the same, so runs with other seeds give the spread of the panel's figures")
+    parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
+                        help="a set: override of the graph, e.g. stages.grpo.prompts_per_step=16 (repeatable; "
+                        "the JSON records them; the panel's verdict is for the defaults)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed)
+        return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed, overrides(args))
     specs = PANEL if args.tasks is None else [s for s in args.tasks.split(";" if ";" in args.tasks else ",") if s]
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="transfer-"))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -225,7 +238,7 @@ def main() -> int:
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "recipe": "experiments/smollm2_tasks.py" + (f" base(...{args.recipe_args})" if args.recipe_args
                                                         else " (defaults)"),
-            "model": "SmolLM2-135M-Instruct, fp32, CPU", "steps": args.steps, "seed": args.seed,
+            "model": "SmolLM2-135M-Instruct, fp32, CPU", "steps": args.steps, "seed": args.seed, "overrides": list(overrides(args)),
             "parallel": args.parallel, "targets": TARGETS, "verdict": verdict(rows),
             "finished": len(done) == len(specs), "wall_minutes": round((time.perf_counter() - started) / 60, 1),
             "load_average": {"before": [round(x, 2) for x in load_before],
@@ -237,7 +250,7 @@ def main() -> int:
         return result
 
     def one(i: int) -> None:
-        row = spawn(specs[i], args.steps, workdir, args.recipe_args, args.seed)
+        row = spawn(specs[i], args.steps, workdir, args.recipe_args, args.seed, overrides(args))
         with lock:
             done[i] = row
             write()

@@ -47,3 +47,9 @@ def test_the_seed_reaches_the_training_stage_and_leaves_the_rows(tmp_path):
     assert graphs[0].stages["grpo"].total_steps == 3
     for part in ("train_data", "evaluator"):  # the same rows for every seed: the spread is the training's
         assert repr(getattr(graphs[0].stages["grpo"], part)) == repr(getattr(graphs[1].stages["grpo"], part))
+
+
+def test_set_overrides_reach_the_graph_after_the_seed(tmp_path):
+    graph = transfer.panel_graph("reasoning_gym/gcd", {}, 3, tmp_path, seed=1,
+                                 overrides=("set:stages.grpo.prompts_per_step=16", "set:stages.grpo.sampling.n=4"))
+    assert (graph.stages["grpo"].prompts_per_step, graph.stages["grpo"].sampling.n, graph.stages["grpo"].seed) == (16, 4, 1)
