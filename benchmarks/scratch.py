@@ -25,13 +25,14 @@ def prune_weights(folder: str | Path) -> int:
     if os.environ.get(KEEP_ENV) == "1" or not folder.is_dir():
         return 0
     freed = 0
-    for path in sorted(folder.rglob("*"), reverse=True):  # children before their folders
+    for path in list(folder.rglob("*")):
         if path.is_file() and path.suffix in WEIGHT_SUFFIXES:
             freed += path.stat().st_size
             path.unlink()
-    for ckpt in sorted(folder.rglob("step_*"), reverse=True) + sorted(folder.rglob("best")) + sorted(folder.rglob("final")):
-        if ckpt.is_dir():
-            shutil.rmtree(ckpt, ignore_errors=True)
+    for name in ("step_*", "best", "final"):
+        for ckpt in list(folder.rglob(name)):
+            if ckpt.is_dir():
+                shutil.rmtree(ckpt, ignore_errors=True)
     return freed
 
 

@@ -190,17 +190,9 @@ class Trajectory:
         `temperature`: the one its log-probs were computed at (`SamplingParams.logit_temperature`),
         recorded per turn for `trajectory_batch`; `version`: the policy version of the weights that sampled it.
         """
-        if len(ids) != len(log_probs):
-            raise ValueError(f"add_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
-        ids, log_probs = list(ids), [float(x) for x in log_probs]
-        if len(ids) > self.room:
-            ids, log_probs = ids[: self.room], log_probs[: self.room]
-            self.finish("max_tokens")
-        stopped = bool(ids) and ids[-1] in renderer.eos_token_ids
         start = len(self.response_ids)
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.log_probs += log_probs
+        ids = self._append_sampled("add_sampled", ids, log_probs)
+        stopped = bool(ids) and ids[-1] in renderer.eos_token_ids
         self.turns.append((start, len(self.response_ids)))
         self.turn_stopped = stopped
         if temperature is not None:
@@ -217,17 +209,9 @@ class Trajectory:
         `add_sampled`); the turn's message becomes the decoded text of all its chunks. Returns that text."""
         if not self.turn_paused or not self.turns:
             raise ValueError("continue_sampled: the last turn is not paused (add_sampled starts a turn)")
-        if len(ids) != len(log_probs):
-            raise ValueError(f"continue_sampled: {len(ids)} tokens but {len(log_probs)} log-probs")
-        ids, log_probs = list(ids), [float(x) for x in log_probs]
-        if len(ids) > self.room:
-            ids, log_probs = ids[: self.room], log_probs[: self.room]
-            self.finish("max_tokens")
-        start, _ = self.turns[-1]
-        self.continuations.append((len(self.response_ids), -1 if version is None else int(version)))
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.log_probs += log_probs
+        start, position = self.turns[-1][0], len(self.response_ids)
+        self._append_sampled("continue_sampled", ids, log_probs)
+        self.continuations.append((position, -1 if version is None else int(version)))
         self.turns[-1] = (start, len(self.response_ids))
         self.turn_paused = False
         whole = self.response_ids[start:]
@@ -235,6 +219,20 @@ class Trajectory:
         text = renderer.decode(whole[:-1] if self.turn_stopped else whole)
         self.messages[-1] = {**self.messages[-1], "content": text}
         return text
+
+    def _append_sampled(self, caller: str, ids: Sequence[int], log_probs: Sequence[float]) -> list[int]:
+        """Append sampled ids (mask 1) with their log-probs, cut to the budget (the cut ends the trajectory:
+        "max_tokens"); returns the ids appended."""
+        if len(ids) != len(log_probs):
+            raise ValueError(f"{caller}: {len(ids)} tokens but {len(log_probs)} log-probs")
+        ids, log_probs = list(ids), [float(x) for x in log_probs]
+        if len(ids) > self.room:
+            ids, log_probs = ids[: self.room], log_probs[: self.room]
+            self.finish("max_tokens")
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.log_probs += log_probs
+        return ids
 
     @property
     def versions(self) -> list[int]:
