@@ -82,17 +82,24 @@ def scored(fraction: float, n: int) -> dict[str, Any]:
     return {"value": round(fraction, 4), "ci95": [round(x, 4) for x in wilson(fraction, n)], "n": n}
 
 
-def run(recipe_args: str, smoke: bool, out: Path, run_name: str | None = None) -> dict[str, Any]:
-    """The recipe's graph, local and untracked, every stage in order; the measured fields."""
+def graph_commands(recipe_args: str = "", smoke: bool = False, threads: int = 1) -> list[str]:
+    """The recipe's commands: local, quiet, every stage's workers on `threads` torch threads."""
+    return [f"config:base({recipe_args})", "fiddler:local", "fiddler:quiet", f"fiddler:threads(n={threads})"] + (
+        ["fiddler:smoke"] if smoke else [])
+
+
+def run(recipe_args: str, smoke: bool, out: Path, run_name: str | None = None, threads: int = 1) -> dict[str, Any]:
+    """The recipe's graph, local and untracked, every stage in order, each worker on `threads` torch threads
+    (`fiddler:threads`); the measured fields."""
     import fiddle as fdl
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(threads)
     from rlhf.cli.experiment import build_graph, load_experiment
     from rlhf.runtime.experiment import run_experiment
 
     recipe = load_experiment(str(ROOT / "experiments" / "smollm2_rlhf.py"))
-    commands = [f"config:base({recipe_args})", "fiddler:local", "fiddler:quiet"] + (["fiddler:smoke"] if smoke else [])
+    commands = graph_commands(recipe_args, smoke, threads)
     graph, _ = build_graph(recipe, commands)
     graph.tracker = fdl.Config(StageCurves)
     graph.output_dir = str(out)
@@ -153,6 +160,8 @@ def main() -> int:
     parser.add_argument("--smoke", action="store_true", help="the recipe's smoke settings (a harness check, seconds)")
     parser.add_argument("--note", default="", help="a sentence kept in the JSON (e.g. where reused samples came from)")
     parser.add_argument("--workdir", default=None, help="the run's folder (default: a new temporary folder)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of every stage (fiddler:threads); "
+                        "more than one only on an otherwise idle machine")
     parser.add_argument("--run-name", default=None, help="name the run: run again with the same --workdir and "
                         "name, it skips the stages it finished")
     args = parser.parse_args()
@@ -164,12 +173,13 @@ def main() -> int:
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "recipe": f"experiments/smollm2_rlhf.py base({args.recipe_args})" + (" fiddler:smoke" if args.smoke else ""),
         "model": "SmolLM2-135M-Instruct, fp32, CPU", "targets": TARGETS, "note": args.note,
-        **run(args.recipe_args, args.smoke, workdir, args.run_name),
+        **run(args.recipe_args, args.smoke, workdir, args.run_name, args.threads),
     }
     result["verdict"] = verdict(result)
     result.update({
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in os.getloadavg()]},
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores, one thread", "command": " ".join(sys.argv),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {args.threads} thread(s) per stage",
+        "threads": args.threads, "command": " ".join(sys.argv),
         "run_folder": str(workdir),
     })
     out.mkdir(parents=True, exist_ok=True)

@@ -34,7 +34,6 @@ import torch
 from transformers import get_linear_schedule_with_warmup
 
 from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
-from rlhf.algos.preference import DPOLoss
 from rlhf.cli.prepare_preferences import split_pairs
 from rlhf.data.generators import topic_prompt_rows
 from rlhf.data.preferences import pairs_from_samples
@@ -53,7 +52,7 @@ from rlhf.trainers.generate import GenerationStage
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.training import TrainingSetup
-from rlhf_configs.dpo import dpo_stage
+from rlhf_configs.dpo import dpo_stage, preference_loss
 from rlhf_configs.pieces import policy_group
 from rlhf_configs.reward_model import rm_stage
 from rlhf_configs.rows import limit_rows
@@ -88,10 +87,11 @@ def labelled_pairs(generations: str, split: str, test_fraction: float = HELDOUT_
 
 def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int = 4, rm_steps: int = 80,
          rm_lr: float = 3e-5, rl_steps: int = 24, rl_lr: float = 2e-5, kl_coef: float = 0.05, dpo_steps: int = 40, dpo_lr: float = 5e-6,
-         dpo_beta: float = 0.1, generations: str | None = None) -> fdl.Config[Experiment]:
+         dpo_beta: float = 0.1, dpo_loss: str = "sigmoid", generations: str | None = None) -> fdl.Config[Experiment]:
     """samples -> rm -> grpo, and samples -> dpo, fp32 on CPU; `prompts` training prompts answered `samples`
     times for the pairs; `generations`: pairs from this scored `generations.jsonl` of an earlier run's samples stage
-    (or `rlhf generate` with the gold scorer) instead of a samples stage."""
+    (or `rlhf generate` with the gold scorer) instead of a samples stage; `dpo_loss` a loss of the DPO family by its
+    command-line name (`rlhf_configs.dpo.LOSSES`: sigmoid, robust, ipo, simpo, rpo), with beta `dpo_beta`."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
 
@@ -119,7 +119,7 @@ def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int
 
     dpo = dpo_stage(model_path, fdl.Config(labelled_pairs, generations=generations, split="train"),
                     fdl.Config(labelled_pairs, generations=generations, split="test"),
-                    loss=fdl.Config(DPOLoss, beta=dpo_beta), steps=dpo_steps, batch_size=16, micro_batch_size=16,
+                    loss=preference_loss(dpo_loss, beta=dpo_beta), steps=dpo_steps, batch_size=16, micro_batch_size=16,
                     lr=dpo_lr, warmup_steps=5, max_length=MAX_PROMPT_LENGTH + MAX_NEW_TOKENS + 8,
                     test_freq=max(1, dpo_steps // 4), evaluator=gold_evaluator())
     grpo = fdl.Config(

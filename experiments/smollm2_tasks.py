@@ -46,7 +46,7 @@ import fiddle as fdl
 import torch
 from transformers import get_linear_schedule_with_warmup
 
-from rlhf.algos import GRPO, PPOClipLoss
+from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
 from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.data.reasoning_gym import ANSWER_INSTRUCTION, reasoning_gym_rows
@@ -109,8 +109,9 @@ def task_scorers(task: str, scorer: Any = None) -> tuple[dict, dict]:
 def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
          model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 10, lr: float = 2e-5,
          max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2,
-         temperature: float = 0.7, norm_by_std: bool = False) -> fdl.Config[Experiment]:
-    """GRPO from the instruct model on `task` (module docstring): 8 prompts x 8 samples, `steps` steps."""
+         temperature: float = 0.7, norm_by_std: bool = False, kl_coef: float = 0.0) -> fdl.Config[Experiment]:
+    """GRPO from the instruct model on `task` (module docstring): 8 prompts x 8 samples, `steps` steps.
+    `kl_coef` > 0 adds a k3 KL-to-the-instruct-model loss (a frozen reference beside the actor); 0: none."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
     strict, lenient = task_scorers(task, scorer)
@@ -130,7 +131,9 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
         RLTrainer,
         policy=policy_group(
             model_path=model_path,
-            objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28)),
+            ref_model_path=model_path if kl_coef > 0 else None,
+            objective=fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss, clip_low=0.2, clip_high=0.28),
+                                 kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=kl_coef) if kl_coef > 0 else None),
             optimizer=fdl.Partial(torch.optim.AdamW, lr=lr, weight_decay=0.0),
             lr_scheduler=fdl.Partial(get_linear_schedule_with_warmup, num_warmup_steps=0,
                                      num_training_steps=steps * mini_batches),  # stepped per optimizer step

@@ -36,6 +36,14 @@ def workers(cfg: fdl.Config[Experiment], n: int = 2) -> None:
     selectors.select(cfg, Remote).set(num_workers=n)
 
 
+def threads(cfg: fdl.Config[Experiment], n: int = 2) -> None:
+    """`n` CPUs for every worker group's workers, which is also their torch thread count (e.g. both cores of a
+    2-core machine for a one-worker recipe on LocalRuntime). On a busy machine more threads can be much slower."""
+    if n < 1:
+        raise OverrideError(f"fiddler:threads needs n >= 1 (CPUs, and torch threads, per worker), got {n}")
+    selectors.select(cfg, Remote).set(cpus_per_worker=n)
+
+
 def no_tracking(cfg: fdl.Config[Experiment]) -> None:
     """Do not record runs in Aim (e.g. on a machine without aim installed)."""
     cfg.tracker = None

@@ -8,6 +8,7 @@ from rlhf.ranges import PositiveInt
 from rlhf.data.prompts import PromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
+from rlhf.trainers.answer_spread import answer_spread
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.eval_job import evaluate_scores, metric_names
 from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
@@ -25,7 +26,9 @@ class Evaluator:
     them under their plain names: counts summed over the validation set (`val-aux/reward/errors`,
     the rows a `strict=False` manager gave its fallback score, `.../errors/<source>`,
     `val-aux/reward/extra_nonfinite`, NaN/inf extra values), other values averaged over rows; an
-    auxiliary reward's the same under its name (`val-aux/<name>/reward/errors`).
+    auxiliary reward's the same under its name (`val-aux/<name>/reward/errors`). How spread out the answers
+    are, `val-aux/<source>/answers/top_share`, `.../distinct` and `.../truth_top_share`
+    (rlhf.trainers.answer_spread): a policy that learnt to guess gives a few answers to every question.
     """
 
     def __init__(
@@ -74,7 +77,8 @@ class Evaluator:
             reward_metrics.append((call_metrics, len(rollout)))
             flat, texts = scored["scores"].tolist(), list(scored["response_text"])
             for p, source in enumerate(prompts["data_source"]):
-                rows.append({"data_source": source, "responses": texts[p * n : (p + 1) * n]})
+                rows.append({"data_source": source, "responses": texts[p * n : (p + 1) * n],
+                             "truth": prompts["ground_truth"][p] if "ground_truth" in prompts else None})
                 scores.append(flat[p * n : (p + 1) * n])
             for name, manager in self.aux_rewards.items():
                 extra, extra_metrics = score_rollout(rollout, self.dataset.tokenizer, manager)
@@ -86,12 +90,25 @@ class Evaluator:
         if not self.n_boot:
             metrics = {k: v for k, v in metrics.items() if not k.endswith(("/ci_low", "/ci_high"))}
         metrics.update({k: sum(v) / len(v) for k, v in sorted(aux.items())})
+        metrics.update(spread_metrics(rows))
         metrics.update({f"val-aux/{k}": v for k, v in combine_reward_metrics(reward_metrics).items()})
         for name, calls in sorted(aux_metrics.items()):  # an auxiliary reward's failures count as the main one's
             metrics.update({f"val-aux/{name}/{k}": v for k, v in combine_reward_metrics(calls).items()})
         # the producer's own metrics (multi-turn: turns, tool calls), averaged over the calls
         metrics.update({f"val-aux/{k}": sum(v) / len(v) for k, v in sorted(produced.items()) if not k.startswith("timing")})
         return metrics
+
+
+def spread_metrics(rows: list[dict]) -> dict[str, float]:
+    """`val-aux/<source>/answers/{top_share,distinct,truth_top_share}` over each source's responses
+    (rlhf.trainers.answer_spread): answers collapsing onto a few values show a policy that learnt to guess."""
+    by_source: dict[str, tuple[list[str], list]] = defaultdict(lambda: ([], []))
+    for row in rows:
+        responses, truths = by_source[row["data_source"]]
+        responses.extend(row["responses"])
+        truths.append(row["truth"])
+    return {f"val-aux/{source}/answers/{name}": value for source, (responses, truths) in sorted(by_source.items())
+            for name, value in answer_spread(responses, truths).items()}
 
 
 COUNTS = ("errors", "timeouts", "extra_nonfinite")

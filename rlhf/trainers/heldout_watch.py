@@ -13,6 +13,16 @@ training). Evaluation i *regressed* when the held-out score fell while the train
 regressed evaluations in a row, i.e. K+1 points whose held-out scores fall and whose training
 scores rise all the way. Averaging the training score over the interval keeps one noisy step
 from starting or breaking a run.
+
+**Below the start.** A policy can also learn to guess: its training score stays up while its held-out score
+drops once and stays down (a single fall, so no run of falls). The same alarm warns when the last K
+evaluations after training began all lie more than `margin` below the first evaluation (before training, with
+`val_before_train`):
+
+    h_j < h_0 - margin  for each of the last K evaluations j, each with a training score
+
+The margin (0.05 by default) keeps the noise of one greedy evaluation of a few hundred rows from firing it;
+requiring K evaluations keeps a dip while the policy learns a format from firing it.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ import dataclasses
 from rlhf.ranges import PositiveInt
 
 GAMED_REWARD_DOC = "docs/debugging.md#the-held-out-score-falls-while-the-training-score-rises"
+BELOW_START_DOC = "docs/debugging.md#the-held-out-score-stays-below-its-start"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +63,30 @@ class Regression:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class BelowStart:
+    """The last K evaluations after training began, all more than `margin` below the first evaluation."""
+
+    metric: str
+    start: Evaluation
+    evaluations: tuple[Evaluation, ...]
+    margin: float
+
+    def warning(self) -> str:
+        """The one-line warning naming the start, the evaluations below it, and the training score."""
+        points = self.evaluations
+        held = " -> ".join(f"{p.heldout:.3g}" for p in points)
+        train = " -> ".join(f"{p.train:.3g}" for p in points)
+        steps = f"step {points[0].step}" if len(points) == 1 else f"steps {points[0].step}-{points[-1].step}"
+        return (
+            f"warning: held-out {self.metric} is {held} at {steps}, more than "
+            f"{self.margin:.3g} below its {self.start.heldout:.3g} at step {self.start.step}, while the training "
+            f"score (critic/score/mean between evaluations) is {train}: training has made the model worse on "
+            f"held-out rows; the policy may have learnt to guess (see val-aux/<source>/answers/top_share) "
+            f"({BELOW_START_DOC})"
+        )
+
+
 def regressed(before: Evaluation, now: Evaluation) -> bool:
     """Whether the held-out score fell from `before` to `now` while the training score rose."""
     if before.train is None or now.train is None:
@@ -63,11 +98,19 @@ class RegressionAlarm:
     """Fed one `Evaluation` at a time; says when the held-out score has fallen for K evaluations in a row
     while the training score rose (the module docstring has the rule)."""
 
-    def __init__(self, evaluations: PositiveInt = 2):  # K: regressed evaluations in a row before it warns
+    def __init__(
+        self,
+        evaluations: PositiveInt = 2,  # K: regressed (or below-start) evaluations in a row before it warns
+        margin: float | None = 0.05,  # how far below the first evaluation counts as below the start; None: no such rule
+    ):
         if evaluations < 1:
             raise ValueError(f"RegressionAlarm: evaluations must be >= 1 (regressed evaluations in a row), "
                              f"got {evaluations}")
+        if margin is not None and not 0 <= margin < 1:
+            raise ValueError(f"RegressionAlarm: margin must be in [0, 1) (a held-out score's drop below its first "
+                             f"evaluation), or None to turn the below-start rule off; got {margin}")
         self.evaluations = evaluations
+        self.margin = margin
         self.history: list[Evaluation] = []
         self.streak = 0  # regressed evaluations in a row up to the last one
 
@@ -81,6 +124,16 @@ class RegressionAlarm:
         if self.streak < self.evaluations:
             return None
         return Regression(metric, tuple(self.history[-(self.evaluations + 1):]))
+
+    def below_start(self, metric: str) -> BelowStart | None:
+        """After `update`: whether the last K evaluations all lie more than the margin below the first one
+        (each after training began); None when not, or when the rule is off."""
+        if self.margin is None or len(self.history) <= self.evaluations:
+            return None
+        start, last = self.history[0], self.history[-self.evaluations:]
+        if all(e.train is not None and e.heldout < start.heldout - self.margin for e in last):
+            return BelowStart(metric, start, tuple(last), self.margin)
+        return None
 
     def state_dict(self) -> dict:
         return {"history": [dataclasses.asdict(e) for e in self.history], "streak": self.streak}
@@ -129,7 +182,7 @@ class Verdict:
 
     metrics: dict[str, float]
     new_best: bool
-    warning: str | None
+    warning: str | None  # one line per finding
 
 
 class HeldoutWatch:
@@ -146,7 +199,8 @@ class HeldoutWatch:
         self.train.add(train_score)
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> Verdict:
-        """Feed an evaluation's metrics; `<metric>/regressed` (1/0) is logged when the alarm is on."""
+        """Feed an evaluation's metrics; `<metric>/regressed` and `<metric>/below_start` (1/0) are logged when
+        the alarm is on."""
         if self.metric not in metrics:
             core = sorted(k for k in metrics if k.startswith("val-core/"))
             raise ValueError(
@@ -159,8 +213,12 @@ class HeldoutWatch:
         if self.alarm is None:
             return Verdict({}, new_best, None)
         regression = self.alarm.update(self.metric, Evaluation(step, train, score))
-        return Verdict({f"{self.metric}/regressed": float(regression is not None)}, new_best,
-                       regression.warning() if regression is not None else None)
+        below = self.alarm.below_start(self.metric)
+        metrics = {f"{self.metric}/regressed": float(regression is not None)}
+        if self.alarm.margin is not None:
+            metrics[f"{self.metric}/below_start"] = float(below is not None)
+        warnings = [finding.warning() for finding in (regression, below) if finding is not None]
+        return Verdict(metrics, new_best, "\n".join(warnings) or None)
 
     def result(self) -> dict:
         """The best evaluation, for the stage's result (empty before any evaluation)."""

@@ -41,3 +41,19 @@ def test_verdict_checks_each_target():
     for name, bad in failed.items():
         verdict = preference_pipeline.verdict(bad)
         assert not verdict[name] and all(v for k, v in verdict.items() if k != name), name
+
+
+def test_threads_reach_every_stage_and_the_dpo_loss_its_stage():
+    import fiddle as fdl
+    from fiddle import selectors
+
+    from rlhf.algos.preference import PreferenceLoss, RPOLoss
+    from rlhf.cli.experiment import build_graph, load_experiment
+    from rlhf.runtime.plan import compile_graph
+
+    recipe = load_experiment(str(Path(preference_pipeline.ROOT) / "experiments" / "smollm2_rlhf.py"))
+    graph, _ = build_graph(recipe, preference_pipeline.graph_commands('dpo_loss="rpo"', threads=2))
+    assert {name: {g.cpus_per_worker for g in compile_graph(stage).groups.values()}
+            for name, stage in graph.stages.items()} == {name: {2} for name in graph.stages}
+    losses = list(selectors.select(graph.stages["dpo"], PreferenceLoss))
+    assert [(fdl.get_callable(l), l.beta) for l in losses] == [(RPOLoss, 0.1)]

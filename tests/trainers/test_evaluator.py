@@ -32,6 +32,11 @@ def test_greedy_validation_reports_mean_at_1(policy):
     assert 0.0 <= metrics["val-core/arithmetic/reward/mean@1"] <= 1.0
     assert metrics["val-aux/arithmetic/always/mean@1"] == 1.0
     assert "val-core/arithmetic/reward/pass@1" in metrics
+    # how spread out the answers are, against the right answers' own spread (6 rows)
+    assert 1 / 6 <= metrics["val-aux/arithmetic/answers/top_share"] <= 1.0
+    assert metrics["val-aux/arithmetic/answers/distinct"] == pytest.approx(1 / 6 * round(6 * metrics["val-aux/arithmetic/answers/distinct"]))
+    truths = [r["reward_model"]["ground_truth"] for r in arithmetic_rows(6, split="test")]
+    assert metrics["val-aux/arithmetic/answers/truth_top_share"] == max(map(truths.count, truths)) / 6
 
 
 def test_sampled_validation_reports_pass_maj_best_with_intervals(policy):

@@ -1,6 +1,6 @@
 """A gamed reward in a real run on the tiny model: the alarm line and the `regressed` metric, `best/` holding
-the weights of the best evaluation (and exported by `rlhf export`), the stage's result naming it, and the
-per-step share of partially paid samples.
+the weights of the best evaluation (and exported by `rlhf export`), the stage's result naming it, the
+per-step share of partially paid samples, the below-start rule, and the held-out answers collapsing.
 
 The training reward pays for writing the fixed wrong answer "7" (its share of the response, a partial
 credit); the held-out score is the share of the response that is not "7". The random policy is mostly
@@ -35,6 +35,8 @@ from rlhf_configs.pieces import policy_group
 
 HELDOUT = "val-core/arithmetic/reward/mean@8"
 REGRESSED = f"{HELDOUT}/regressed"
+BELOW_START = f"{HELDOUT}/below_start"
+TOP_SHARE = "val-aux/arithmetic/answers/top_share"
 PARTIAL = "reward/extra/arithmetic/partial/mean"
 
 
@@ -105,13 +107,23 @@ def test_a_gamed_reward_warns_and_best_keeps_the_best_evaluation(tmp_path, capfd
     assert [steps[s][REGRESSED] for s in evaluations] == expected
     first = evaluations[expected.index(1.0)]  # it fired (the list has a 1.0, or index raises)
     i = evaluations.index(first)
-    line = next(l for l in capfd.readouterr().err.splitlines() if l.startswith("warning: held-out"))
+    err = capfd.readouterr().err.splitlines()
+    line = next(l for l in err if l.startswith("warning: held-out") and " fell " in l)
     assert line == (
         f"warning: held-out {HELDOUT} fell {' -> '.join(f'{h:.3g}' for h in held[i - 2:i + 1])} over steps "
         f"{evaluations[i - 2]}-{first} while the training score (critic/score/mean between evaluations) rose "
         f"{' -> '.join(f'{t:.3g}' for t in train[i - 2:i + 1])}: the reward may be gamed "
         "(docs/debugging.md#the-held-out-score-falls-while-the-training-score-rises)"
     )
+    # below the start: the last two evaluations both more than 0.05 under the first one
+    below = [float(i >= 2 and all(held[j] < held[0] - 0.05 for j in (i - 1, i))) for i in range(len(held))]
+    assert [steps[s][BELOW_START] for s in evaluations] == below and 1.0 in below
+    first_below = evaluations[below.index(1.0)]
+    assert any(l.startswith(f"warning: held-out {HELDOUT} is ") and f"-{first_below}, more than 0.05 below its "
+               f"{held[0]:.3g} at step {evaluations[0]}" in l for l in err)
+    # the answers collapsed onto the 7s: the most common answer's share rose
+    top = [steps[s][TOP_SHARE] for s in evaluations]
+    assert top[-1] > 0.5 > top[0], top
     # best/: the weights evaluated at the best evaluation (the earliest of equal scores), not the last ones
     best_step = evaluations[held.index(max(held))]
     assert result["best"] == {"step": best_step, "metric": HELDOUT, "score": max(held)}

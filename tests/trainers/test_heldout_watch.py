@@ -5,6 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rlhf.trainers.heldout_watch import (
+    BelowStart,
     BestHeldout,
     Evaluation,
     HeldoutWatch,
@@ -102,8 +103,8 @@ def test_the_training_score_is_the_interval_mean():
 
 def test_one_noisy_step_does_not_fire_the_alarm():
     """The last step before the second evaluation jumps above the first interval's score, but the interval's
-    mean fell: the training score did not rise, so no alarm (K=1)."""
-    watch = HeldoutWatch(METRIC, RegressionAlarm(evaluations=1))
+    mean fell: the training score did not rise, so no alarm (K=1; the below-start rule off)."""
+    watch = HeldoutWatch(METRIC, RegressionAlarm(evaluations=1, margin=None))
     for step, interval in enumerate([[0.5, 0.5, 0.5, 0.5], [0.3, 0.3, 0.3, 0.6]], start=1):
         for score in interval:
             watch.after_step(score)
@@ -122,7 +123,7 @@ def test_watch_reports_best_and_regressed_and_names_a_missing_metric():
     watch = HeldoutWatch(METRIC, RegressionAlarm())
     assert watch.result() == {}
     verdict = watch.evaluated(0, {METRIC: 0.4})
-    assert verdict.new_best and verdict.metrics == {f"{METRIC}/regressed": 0.0}
+    assert verdict.new_best and verdict.metrics == {f"{METRIC}/regressed": 0.0, f"{METRIC}/below_start": 0.0}
     assert watch.result() == {"best": {"step": 0, "metric": METRIC, "score": 0.4}}
     with pytest.raises(ValueError, match=r"heldout_metric .*\(val-core: val-core/other"):
         watch.evaluated(1, {"val-core/other/reward/mean@1": 0.1})
@@ -142,3 +143,73 @@ def test_state_round_trips():
     resumed.after_step(0.1)
     verdict = resumed.evaluated(3, {METRIC: 0.7})
     assert verdict.warning is not None and "rose 0.1 -> 0.2 -> 0.3" in verdict.warning
+
+
+def below(points, k=2, margin=0.05):
+    """The below-start rule's answer after each (step, train, heldout) point."""
+    alarm = RegressionAlarm(evaluations=k, margin=margin)
+    answers = []
+    for p in points:
+        alarm.update(METRIC, Evaluation(*p))
+        answers.append(alarm.below_start(METRIC))
+    return answers
+
+
+@pytest.mark.parametrize(
+    "points, k, fires",
+    [
+        # gcd, seed 1 of the transfer panel: 0.305 before training, 0.15 and 0.16 after (one fall, then flat),
+        # while the training score stayed up: the regression rule never fires, this one does
+        ([(0, None, 0.305), (5, 0.187, 0.15), (10, 0.227, 0.16)], 2, [False, False, True]),
+        # a dip while a format is learnt, then recovery: one evaluation below the start is not K=2
+        ([(0, None, 0.30), (5, 0.1, 0.10), (10, 0.3, 0.45)], 2, [False, False, False]),
+        # within the margin: noise, not a fall
+        ([(0, None, 0.30), (5, 0.2, 0.26), (10, 0.3, 0.26)], 2, [False, False, False]),
+        # K=1 fires at the first evaluation below the start, and keeps firing while it stays there
+        ([(0, None, 0.30), (5, 0.2, 0.20), (10, 0.3, 0.20), (15, 0.3, 0.40)], 1, [False, True, True, False]),
+        # evaluations without a training score (before training) never count as below the start
+        ([(0, None, 0.30), (0, None, 0.10), (5, 0.2, 0.10)], 2, [False, False, False]),
+    ],
+)
+def test_when_the_below_start_rule_fires(points, k, fires):
+    assert [r is not None for r in below(points, k)] == fires
+
+
+def test_the_below_start_warning_names_the_start_the_fall_and_where_to_look():
+    finding = below([(0, None, 0.305), (5, 0.187, 0.15), (10, 0.227, 0.16)])[-1]
+    assert finding == BelowStart(METRIC, Evaluation(0, None, 0.305),
+                                 (Evaluation(5, 0.187, 0.15), Evaluation(10, 0.227, 0.16)), 0.05)
+    warning = finding.warning()
+    assert warning.startswith(f"warning: held-out {METRIC} is 0.15 -> 0.16 at steps 5-10, more than 0.05 below its "
+                              "0.305 at step 0, while the training score (critic/score/mean between evaluations) "
+                              "is 0.187 -> 0.227")
+    assert "answers/top_share" in warning and "docs/debugging.md#the-held-out-score-stays-below-its-start" in warning
+    assert "\n" not in warning
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(scores, scores), min_size=1, max_size=10), st.integers(1, 3), st.floats(0, 0.5))
+def test_below_start_fires_exactly_by_its_rule(curve, k, margin):
+    """Against the rule written out; the first point has no training score (validation before training)."""
+    points = [(0, None, curve[0][1])] + [(i, t, h) for i, (t, h) in enumerate(curve[1:], start=1)]
+    for i, answer in enumerate(below(points, k, margin)):
+        expected = i >= k and all(points[j][2] < points[0][2] - margin for j in range(i - k + 1, i + 1))
+        assert (answer is not None) == expected
+
+
+def test_the_watch_warns_for_both_rules_on_their_own_lines_and_logs_both():
+    watch = HeldoutWatch(METRIC, RegressionAlarm(evaluations=1))
+    watch.evaluated(0, {METRIC: 0.5})
+    watch.after_step(0.2)
+    watch.evaluated(1, {METRIC: 0.45})
+    watch.after_step(0.4)
+    verdict = watch.evaluated(2, {METRIC: 0.3})  # fell while training rose, and 0.2 below the start
+    assert verdict.metrics == {f"{METRIC}/regressed": 1.0, f"{METRIC}/below_start": 1.0}
+    lines = verdict.warning.split("\n")
+    assert len(lines) == 2 and "fell 0.45 -> 0.3" in lines[0] and "is 0.3 at step 2" in lines[1]
+
+
+def test_margin_must_be_a_fraction():
+    with pytest.raises(ValueError, match=r"margin must be in \[0, 1\)"):
+        RegressionAlarm(margin=1.5)
+    assert RegressionAlarm(margin=None).below_start(METRIC) is None
