@@ -96,19 +96,20 @@ def regressed(before: Evaluation, now: Evaluation) -> bool:
 
 class RegressionAlarm:
     """Fed one `Evaluation` at a time; says when the held-out score has fallen for K evaluations in a row
-    while the training score rose (the module docstring has the rule)."""
+    while the training score rose, and (`below_start`) when it has stayed below its start (the module docstring
+    has both rules)."""
 
     def __init__(
         self,
         evaluations: PositiveInt = 2,  # K: regressed (or below-start) evaluations in a row before it warns
-        margin: float | None = 0.05,  # how far below the first evaluation counts as below the start; None: no such rule
+        margin: float | None = 0.05,  # how far below the first evaluation (metric units) is below the start; None: off
     ):
         if evaluations < 1:
             raise ValueError(f"RegressionAlarm: evaluations must be >= 1 (regressed evaluations in a row), "
                              f"got {evaluations}")
-        if margin is not None and not 0 <= margin < 1:
-            raise ValueError(f"RegressionAlarm: margin must be in [0, 1) (a held-out score's drop below its first "
-                             f"evaluation), or None to turn the below-start rule off; got {margin}")
+        if margin is not None and not margin >= 0:
+            raise ValueError(f"RegressionAlarm: margin must be >= 0 (a drop of the held-out score below its first "
+                             f"evaluation, in the metric's units), or None to turn the below-start rule off; got {margin}")
         self.evaluations = evaluations
         self.margin = margin
         self.history: list[Evaluation] = []

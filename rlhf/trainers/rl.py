@@ -6,7 +6,8 @@ Worker groups do the model work; everything here is light bookkeeping on the dri
 update the rollout engine needs the new weights: free for the HF engine, which generates with the
 actor's own module, but a full copy streamed in buckets for vLLM (docs/rollout_engines.md). Each
 validation is watched (rlhf.trainers.heldout_watch): the best one's weights are kept as `best/`, and
-a held-out score falling while the training score rises prints a warning (docs/debugging.md). With
+a held-out score falling while the training score rises, or staying below its start, prints a warning
+(docs/debugging.md). With
 `async_rollout` the first two phases run ahead in a rollout group of their own and each step takes
 its batch from that queue (rlhf.trainers.async_rollout, docs/async.md).
 
@@ -134,8 +135,9 @@ class RLTrainer:
         # the validation metric that picks `best/` and is watched for a gamed reward (higher is better); None: the
         # evaluator's main reward mean, `val-core/<source>/reward/mean@<n>` (name one if the rows have several sources)
         heldout_metric: str | None = None,
-        # warns when the held-out score falls while the training score rises (rlhf.trainers.heldout_watch): a
-        # factory, the class or fdl.Partial(RegressionAlarm, evaluations=K); None: off
+        # warns when the held-out score falls while the training score rises, or stays below its start
+        # (rlhf.trainers.heldout_watch): a factory, the class or fdl.Partial(RegressionAlarm, evaluations=K,
+        # margin=...); None: off
         regression_alarm: Callable[[], RegressionAlarm] | None = RegressionAlarm,
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)

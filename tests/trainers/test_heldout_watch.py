@@ -209,7 +209,8 @@ def test_the_watch_warns_for_both_rules_on_their_own_lines_and_logs_both():
     assert len(lines) == 2 and "fell 0.45 -> 0.3" in lines[0] and "is 0.3 at step 2" in lines[1]
 
 
-def test_margin_must_be_a_fraction():
-    with pytest.raises(ValueError, match=r"margin must be in \[0, 1\)"):
-        RegressionAlarm(margin=1.5)
+def test_margin_must_not_be_negative():
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(ValueError, match=r"margin must be >= 0"):
+            RegressionAlarm(margin=bad)
     assert RegressionAlarm(margin=None).below_start(METRIC) is None
