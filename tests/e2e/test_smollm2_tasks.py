@@ -1,5 +1,8 @@
 """The default task recipe end to end on SmolLM2: two tiny GRPO steps of experiments/smollm2_tasks.py on a
-reasoning-gym task, with the held-out strict and lenient scores and the reward's partial share in the metrics."""
+reasoning-gym task, with the held-out strict and lenient scores, the spread of the held-out answers, the alarm's
+metrics and the reward's partial share in the metrics."""
+
+import fiddle as fdl
 
 import pytest
 
@@ -19,9 +22,33 @@ def test_smoke_trains_and_validates_a_reasoning_gym_task_on_smollm2(smollm2_path
         "fiddler:smoke", "fiddler:local", "fiddler:no_tracking"])
     common.quiet(graph)
     graph.output_dir = str(tmp_path / "out")
+    heldout_rows = fdl.build(graph.stages["grpo"].evaluator.dataset.rows)
     metrics = run_experiment(graph)["grpo"]["metrics"]
     strict, lenient = metrics[f"val-core/{SOURCE}/reward/mean@1"], metrics[f"val-aux/{SOURCE}/lenient/mean@1"]
     assert 0.0 <= strict <= lenient <= 1.0  # right in the asked-for form is also right format aside
     # the training reward reports how much of it came only from the half credit for an unformatted right answer
     assert 0.0 <= metrics[f"reward/extra/{SOURCE}/partial/mean"] <= 1.0
     assert metrics["response_length/mean"] <= 8  # the smoke fiddler's limit
+    # how spread out SmolLM2's greedy answers to the 4 held-out rows are, against the right answers' own spread
+    truths = [r["reward_model"]["ground_truth"] for r in heldout_rows]
+    assert len(truths) == 4
+    assert metrics[f"val-aux/{SOURCE}/answers/truth_top_share"] == max(map(truths.count, truths)) / 4
+    top, distinct = metrics[f"val-aux/{SOURCE}/answers/top_share"], metrics[f"val-aux/{SOURCE}/answers/distinct"]
+    assert top in (0.25, 0.5, 0.75, 1.0) and distinct in (0.25, 0.5, 0.75, 1.0)
+    assert top + distinct <= 1.25  # k distinct answers of 4: the most common one is at most 4 - (k - 1) of them
+    # both rules of the alarm report at the final validation (the smoke run is too short to fire either)
+    assert metrics[f"val-core/{SOURCE}/reward/mean@1/regressed"] in (0.0, 1.0)
+    assert metrics[f"val-core/{SOURCE}/reward/mean@1/below_start"] in (0.0, 1.0)
+
+
+def test_kl_coef_adds_a_k3_kl_to_the_instruct_model():
+    from rlhf.algos import KLLoss, kl_k3
+
+    recipe = load_experiment("experiments/smollm2_tasks.py")
+    off, _ = build_graph(recipe, ['config:base(task="arithmetic")'])
+    on, _ = build_graph(recipe, ['config:base(task="arithmetic", kl_coef=0.05)'])
+    assert off.stages["grpo"].policy.worker.objective.kl_loss is None
+    assert off.stages["grpo"].policy.worker.ref_model_path is None
+    kl = on.stages["grpo"].policy.worker.objective.kl_loss
+    assert (fdl.get_callable(kl), kl.estimator, kl.coef) == (KLLoss, kl_k3, 0.05)
+    assert on.stages["grpo"].policy.worker.ref_model_path == on.stages["grpo"].policy.worker.model_path

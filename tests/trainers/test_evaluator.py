@@ -34,7 +34,8 @@ def test_greedy_validation_reports_mean_at_1(policy):
     assert "val-core/arithmetic/reward/pass@1" in metrics
     # how spread out the answers are, against the right answers' own spread (6 rows)
     assert 1 / 6 <= metrics["val-aux/arithmetic/answers/top_share"] <= 1.0
-    assert metrics["val-aux/arithmetic/answers/distinct"] == pytest.approx(1 / 6 * round(6 * metrics["val-aux/arithmetic/answers/distinct"]))
+    top, distinct = metrics["val-aux/arithmetic/answers/top_share"], metrics["val-aux/arithmetic/answers/distinct"]
+    assert top + distinct <= 7 / 6 + 1e-9  # k distinct answers of 6: the most common one is at most 6 - (k - 1)
     truths = [r["reward_model"]["ground_truth"] for r in arithmetic_rows(6, split="test")]
     assert metrics["val-aux/arithmetic/answers/truth_top_share"] == max(map(truths.count, truths)) / 6
 
