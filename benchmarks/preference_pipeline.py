@@ -67,15 +67,16 @@ class StageCurves(CurveTracker):
 
 def length_only_accuracy(pairs: list[dict]) -> dict[str, float]:
     """How often the longer (and the shorter) answer of a pair is its chosen one, by characters; a tie counts half."""
-    def text(side) -> str:
-        return side if isinstance(side, str) else "".join(m["content"] for m in side)
+    from rlhf.data.preferences import longer_chosen_share
 
-    longer = [1.0 if len(text(p["chosen"])) > len(text(p["rejected"])) else
-              0.5 if len(text(p["chosen"])) == len(text(p["rejected"])) else 0.0 for p in pairs]
-    ties = sum(1 for v in longer if v == 0.5)
-    n = max(len(pairs), 1)
-    return {"longer_is_chosen": round(sum(longer) / n, 4), "shorter_is_chosen": round(1 - sum(longer) / n, 4),
+    share = longer_chosen_share(pairs) or 0.0
+    ties = sum(1 for p in pairs if len(_text(p["chosen"])) == len(_text(p["rejected"])))
+    return {"longer_is_chosen": round(share, 4), "shorter_is_chosen": round(1 - share, 4),
             "tied_pairs": ties, "pairs": len(pairs)}
+
+
+def _text(side) -> str:
+    return side if isinstance(side, str) else "".join(m["content"] for m in side)
 
 
 def scored(fraction: float, n: int) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from transformers import get_linear_schedule_with_warmup
 from rlhf.algos import GRPO, KLLoss, PPOClipLoss, kl_k3
 from rlhf.cli.prepare_preferences import split_pairs
 from rlhf.data.generators import topic_prompt_rows
-from rlhf.data.preferences import pairs_from_samples
+from rlhf.data.preferences import preference_pairs
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.importing import model_folder
 from rlhf.models.loading import load_tokenizer
@@ -73,14 +73,16 @@ def gold_reward() -> fdl.Config[RewardManager]:
 
 
 def labelled_pairs(generations: str, split: str, test_fraction: float = HELDOUT_PAIRS, seed: int = 0,
-                   length_matched: bool = True) -> list[dict]:
+                   length_balanced: bool = True) -> list[dict]:
     """Preference rows from a GenerationStage's scored samples: each prompt's best and worst answer by the gold
     rule (`pairs_from_samples`; prompts whose answers all score the same give none), `split` "train" or "test"
     of a seeded `test_fraction` split (the same one `rlhf data prepare preferences --length-matched` makes).
-    `length_matched`: among tied answers, the pair closest in length, so length explains less of the label."""
+    `length_balanced`: among tied answers, the pairs are chosen so that the chosen answer is the longer in about
+    half of them (the closest in length on that side): length alone cannot label the pairs, so the reward model
+    and DPO cannot learn "longer is better" from them (`preference_pairs`)."""
     with open(generations, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    pairs = [pairs_from_samples(row, row["responses"], row["scores"], length_matched=length_matched) for row in rows]
+    pairs = preference_pairs(rows, [row["scores"] for row in rows], length_balanced=length_balanced)
     train, test = split_pairs([p for p in pairs if p is not None], test_fraction, seed)
     return train if split == "train" else test
 

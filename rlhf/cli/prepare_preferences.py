@@ -43,6 +43,9 @@ def _parser() -> OneLineParser:
     p.add_argument("--with-margin", action="store_true", help="store each pair's score difference as its margin")
     p.add_argument("--length-matched", action="store_true",
                    help="among tied best and tied worst answers, pair the two closest in length (less length bias)")
+    p.add_argument("--length-balanced", action="store_true",
+                   help="among tied best and tied worst answers, balance over the data set how often the chosen one "
+                        "is the longer, so length alone labels about half the pairs (implies --length-matched)")
     p.add_argument("--limit", type=POSITIVE, default=None, help="use the first N prompts only")
     p.add_argument("--temperature", type=number(float, 0, low_open=True), default=1.0, help="sampling temperature")
     p.add_argument("--top-p", type=number(float, 0, 1, low_open=True), default=d["top_p"])
@@ -110,7 +113,7 @@ def prepare_preferences_main(argv: Sequence[str]) -> int:
     except ValueError as err:
         p.error(str(err))
     from rlhf.cli.job_inputs import check_sources, data_sources, run_job
-    from rlhf.data.preferences import pairs_from_samples, write_preference_rows
+    from rlhf.data.preferences import longer_chosen_share, preference_pairs, write_preference_rows
     from rlhf_configs.generate_eval import generation_experiment
 
     check_sources(data_sources(a.data, "generation", a.limit), scoring.get("scorer"), scoring.get("scorers"))
@@ -124,9 +127,8 @@ def prepare_preferences_main(argv: Sequence[str]) -> int:
     with open(result["generations"], encoding="utf-8") as f:
         generated = [json.loads(line) for line in f if line.strip()]
     scores = score_samples(generated, scoring)
-    pairs = [pairs_from_samples(row, row["responses"], row_scores, with_margin=a.with_margin,
-                                length_matched=a.length_matched)
-             for row, row_scores in zip(generated, scores)]
+    pairs = preference_pairs(generated, scores, with_margin=a.with_margin, length_matched=a.length_matched,
+                             length_balanced=a.length_balanced)
     ties = sum(pair is None for pair in pairs)
     pairs = [pair for pair in pairs if pair is not None]
     if not pairs:
@@ -141,5 +143,6 @@ def prepare_preferences_main(argv: Sequence[str]) -> int:
             (a.out / f"{name}.parquet").unlink(missing_ok=True)
     gap = sum(p["extra_info"]["chosen_score"] - p["extra_info"]["rejected_score"] for p in pairs) / len(pairs)
     print(f"{len(generated)} prompts x {a.samples} samples: {len(pairs)} pairs, {ties} prompts dropped (all samples "
-          f"tied); mean score gap chosen - rejected {gap:.3f}")
+          f"tied); mean score gap chosen - rejected {gap:.3f}; the longer answer is the chosen one in "
+          f"{longer_chosen_share(pairs):.1%} of the pairs (length alone labels that many right; 50% is none)")
     return 0

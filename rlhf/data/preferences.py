@@ -407,7 +407,7 @@ PreferenceDataset.preflight.wants_values = True  # type: ignore[attr-defined]  (
 
 def pairs_from_samples(
     row: Mapping, responses: Sequence[str], scores: Sequence[float], *, with_margin: bool = False,
-    length_matched: bool = False,
+    length_matched: bool = False, chosen_longer: bool | None = None,
 ) -> dict | None:
     """The (best, worst) preference row of one prompt's scored samples; None when every score ties.
 
@@ -417,18 +417,26 @@ def pairs_from_samples(
     tied best and tied worst the two closest in length (in characters; then the first) are paired, so length
     explains less of the label and a reward model has less of a length shortcut to learn (on SmolLM2's answers
     to `topic_prompt_rows` labelled by `direct_answer_score`: "the longer wins" fell from 60.5% to 58.2% of the
-    pairs)."""
+    pairs). `chosen_longer` True/False: among the ties, prefer a pair whose chosen answer is longer/shorter than
+    its rejected one (then the closest in length), where the ties allow one (`preference_pairs` uses it to
+    balance a whole data set)."""
     if not responses:
         return None
     best = max(range(len(scores)), key=lambda k: (scores[k], -k))
     worst = min(range(len(scores)), key=lambda k: (scores[k], k))
     if scores[best] == scores[worst]:
         return None
-    if length_matched:
+    if length_matched or chosen_longer is not None:
         tops = [k for k in range(len(scores)) if scores[k] == scores[best]]
         bottoms = [k for k in range(len(scores)) if scores[k] == scores[worst]]
-        best, worst = min(((b, w) for b in tops for w in bottoms),
-                          key=lambda p: (abs(len(responses[p[0]]) - len(responses[p[1]])), p))
+        candidates = [(b, w) for b in tops for w in bottoms]
+        if chosen_longer is not None:
+            candidates = [(b, w) for b, w in candidates
+                          if _longer_side(responses[b], responses[w]) == chosen_longer] or candidates
+        if length_matched:
+            best, worst = min(candidates, key=lambda p: (abs(len(responses[p[0]]) - len(responses[p[1]])), p))
+        else:
+            best, worst = candidates[0]
     pair = {
         "prompt": [dict(m) for m in row["prompt"]],
         "chosen": [{"role": "assistant", "content": responses[best]}],
@@ -442,3 +450,46 @@ def pairs_from_samples(
     if with_margin:
         pair["margin"] = float(scores[best]) - float(scores[worst])
     return pair
+
+
+def _longer_side(chosen: str, rejected: str) -> bool | None:
+    """True where the chosen answer is the longer (in characters), False the shorter, None the same length."""
+    return None if len(chosen) == len(rejected) else len(chosen) > len(rejected)
+
+
+def preference_pairs(
+    rows: Sequence[Mapping], scores: Sequence[Sequence[float]], *, with_margin: bool = False,
+    length_matched: bool = False, length_balanced: bool = False,
+) -> list[dict | None]:
+    """`pairs_from_samples` of every row (its `responses`) with its scores; None for a prompt whose samples tie.
+
+    `length_balanced`: each prompt's pair is taken, among its tied best and tied worst answers, on the side of
+    "the chosen is the longer" that the pairs so far have fewer of (the closest in length on that side), so over
+    the data set length says as little as the ties allow about which answer won. Without it, a reward model
+    can score well by preferring the longer answer whenever the scorer's winners tend to run longer (the
+    commonest reward hack); balancing keeps every pair's label (the scorer's) and only chooses among equals."""
+    pairs, longer, shorter = [], 0, 0
+    for row, row_scores in zip(rows, scores, strict=True):
+        want = (longer <= shorter) if length_balanced else None
+        pair = pairs_from_samples(row, row["responses"], row_scores, with_margin=with_margin,
+                                  length_matched=length_matched or length_balanced, chosen_longer=want)
+        if pair is not None:
+            side = _longer_side(pair["chosen"][0]["content"], pair["rejected"][0]["content"])
+            longer += side is True
+            shorter += side is False
+        pairs.append(pair)
+    return pairs
+
+
+def longer_chosen_share(pairs: Sequence[Mapping]) -> float | None:
+    """How often "the longer answer is better" labels a pair right (a length tie counts half); None without
+    pairs. Near 0.5: length alone cannot label the pairs; a reward model must learn something else."""
+    if not pairs:
+        return None
+    sides = [_longer_side(_text(p["chosen"]), _text(p["rejected"])) for p in pairs]
+    return sum(1.0 if s else 0.5 if s is None else 0.0 for s in sides) / len(sides)
+
+
+def _text(side: Sequence[Mapping] | str) -> str:
+    """A preference side's text: its messages' contents joined (or the text itself)."""
+    return side if isinstance(side, str) else "".join(str(m["content"]) for m in side)

@@ -7,7 +7,7 @@ from helpers import tiny_model_path
 
 from rlhf.cli import main
 from rlhf.data import arithmetic_rows, write_rows
-from rlhf.data.preferences import PreferenceDataset, load_preference_rows
+from rlhf.data.preferences import PreferenceDataset, load_preference_rows, longer_chosen_share
 from rlhf.models.loading import load_tokenizer
 
 PROMPTS = 10
@@ -44,6 +44,15 @@ def test_pairs_are_the_best_and_worst_samples_and_a_rescore_relabels(tmp_path, m
         assert pair["margin"] == info["chosen_score"] - info["rejected_score"]
         assert pair["data_source"] == "arithmetic" and "ground_truth" in pair["reward_model"]
     assert len(PreferenceDataset(train, load_tokenizer(tiny_model_path()))) == len(train)
+    assert f"the chosen one in {longer_chosen_share(pairs):.1%} of the pairs" in printed
+
+    # the same samples, pairs balanced for length: the same prompts and labels, chosen among the ties
+    assert main([*argv, "--scorer", "pref_scorer:digits", "--length-balanced"]) == 0
+    balanced = [*(load_preference_rows(str(out / f"{split}.parquet")) for split in ("train", "test"))]
+    balanced = balanced[0] + balanced[1]
+    assert f"the chosen one in {longer_chosen_share(balanced):.1%} of the pairs" in capsys.readouterr().out
+    assert sorted(p["extra_info"]["chosen_score"] for p in balanced) == sorted(
+        p["extra_info"]["chosen_score"] for p in pairs)
 
     # the same samples, relabelled by a built-in rule: a random model is never right, so every prompt ties
     with pytest.raises(SystemExit, match="every prompt's 4 answers scored the same"):

@@ -7,13 +7,17 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 import torch
 
 from rlhf.data.preferences import (
     PreferenceDataset,
     load_preference_rows,
+    longer_chosen_share,
     normalize_preference_row,
     pairs_from_samples,
+    preference_pairs,
     write_preference_rows,
 )
 from rlhf.data.schema import DataError
@@ -241,3 +245,70 @@ def test_length_matched_pairs_take_the_closest_lengths_among_the_ties():
     assert (matched["chosen"][0]["content"][0], matched["rejected"][0]["content"][0]) == ("b", "c")  # 10 vs 12
     assert matched["extra_info"] == {"chosen_score": 1.0, "rejected_score": 0.0}
     assert pairs_from_samples(row, answers, [1.0] * 5, length_matched=True) is None
+
+
+@pytest.mark.parametrize("chosen_longer, matched, expected", [
+    (True, True, ("a", "d")),    # 40 vs 30: the closest pair whose chosen is longer
+    (False, True, ("b", "c")),   # 10 vs 12
+    (True, False, ("a", "c")),   # the first pair on that side
+    (False, False, ("b", "c")),
+])
+def test_chosen_longer_picks_a_side_among_the_ties(chosen_longer, matched, expected):
+    row = {"prompt": [USER]}
+    answers, scores = ["a" * 40, "b" * 10, "c" * 12, "d" * 30, "e" * 2], [1.0, 1.0, 0.0, 0.0, 0.5]
+    pair = pairs_from_samples(row, answers, scores, length_matched=matched, chosen_longer=chosen_longer)
+    assert (pair["chosen"][0]["content"][0], pair["rejected"][0]["content"][0]) == expected
+
+
+def test_chosen_longer_keeps_the_label_where_the_ties_offer_no_such_side():
+    pair = pairs_from_samples({"prompt": [USER]}, ["long answer", "no"], [1.0, 0.0], chosen_longer=False)
+    assert (pair["chosen"][0]["content"], pair["rejected"][0]["content"]) == ("long answer", "no")
+
+
+@given(st.lists(st.tuples(st.lists(st.integers(1, 30), min_size=2, max_size=6),
+                          st.lists(st.sampled_from([0.0, 0.5, 1.0]), min_size=6, max_size=6)),
+                min_size=1, max_size=40))
+def test_length_balanced_pairs_keep_every_label_and_balance_what_the_ties_allow(prompts):
+    rows, scores = [], []
+    for lengths, row_scores in prompts:
+        rows.append({"prompt": [USER], "responses": [chr(97 + k) * n for k, n in enumerate(lengths)]})
+        scores.append(row_scores[: len(lengths)])
+    plain = preference_pairs(rows, scores)
+    balanced = preference_pairs(rows, scores, length_balanced=True)
+    assert [p is None for p in plain] == [p is None for p in balanced]  # the same prompts give pairs
+    for row, row_scores, pair in zip(rows, scores, balanced):
+        if pair is None:
+            continue
+        chosen, rejected = (row["responses"].index(pair[side][0]["content"]) for side in ("chosen", "rejected"))
+        assert row_scores[chosen] == max(row_scores) and row_scores[rejected] == min(row_scores)  # labels kept
+    # the running imbalance never grows while a prompt could have gone the other way
+    longer = shorter = 0
+    for row, row_scores, pair in zip(rows, scores, balanced):
+        if pair is None:
+            continue
+        lengths = {len(r) for r, s in zip(row["responses"], row_scores) if s == max(row_scores)}
+        bottoms = {len(r) for r, s in zip(row["responses"], row_scores) if s == min(row_scores)}
+        could_longer = any(b > w for b in lengths for w in bottoms)
+        could_shorter = any(b < w for b in lengths for w in bottoms)
+        c, r = len(pair["chosen"][0]["content"]), len(pair["rejected"][0]["content"])
+        if longer <= shorter and could_longer:
+            assert c > r
+        elif longer > shorter and could_shorter:
+            assert c < r
+        longer += c > r
+        shorter += c < r
+
+
+def test_length_balanced_pairs_balance_a_data_set_that_leans_long():
+    # every prompt: two right answers (long, short) and two wrong ones (medium): unbalanced, the first right wins
+    rows = [{"prompt": [USER], "responses": ["x" * 30, "y" * 5, "z" * 10, "w" * 12]} for _ in range(100)]
+    scores = [[1.0, 1.0, 0.0, 0.0]] * 100
+    assert longer_chosen_share([p for p in preference_pairs(rows, scores) if p]) == 1.0
+    assert longer_chosen_share([p for p in preference_pairs(rows, scores, length_balanced=True) if p]) == 0.5
+
+
+@pytest.mark.parametrize("lengths, share", [([(5, 3)], 1.0), ([(3, 5)], 0.0), ([(4, 4)], 0.5),
+                                            ([(5, 3), (3, 5), (4, 4), (9, 1)], 0.625), ([], None)])
+def test_longer_chosen_share(lengths, share):
+    pairs = [{"chosen": [{"role": "assistant", "content": "c" * c}], "rejected": "r" * r} for c, r in lengths]
+    assert longer_chosen_share(pairs) == share
