@@ -285,7 +285,8 @@ def run_ours(w: Workload, checkpoint: str, framework: str, steps: int, t0: float
         tokens = m["response_length/mean"] * w.rows
         per_step.append({"step_s": s, "cpu_s": c, "gen_tokens": tokens, "reward": m["critic/score/mean"],
                          **{k: v for k, v in m.items() if k.startswith("timing_s/")},
-                         "response_length_max": m["response_length/max"]})
+                         "response_length_max": m["response_length/max"],
+                         "prompt_length_mean": m.get("prompt_length/mean")})
     return {"per_step": per_step, "setup_s": ends[0] - first - t0, "run_s": end - start}
 
 

@@ -42,41 +42,15 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 
 import torch  # noqa: E402
+from bench_flops import Shape, matmul_peak, rollout_flops  # noqa: E402
 
 MODEL = "smollm2-135m-instruct"
 CASES = ("sampled-natural", "sampled-forced", "greedy-natural")
 
 
-def matmul_peak(seconds: float = 2.0, size: int = 1024) -> float:
-    """GFLOP/s of square fp32 matmuls on this thread, over CPU time (the best of several bursts)."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    best, spent = 0.0, 0.0
-    while spent < seconds:
-        start = time.process_time()
-        for _ in range(4):
-            torch.mm(a, b)
-        took = time.process_time() - start
-        spent += took
-        best = max(best, 4 * 2 * size**3 / took / 1e9)
-    return best
-
-
 def model_flops(cfg, prompt_lengths: list[int], n: int, response_lengths: list[int]) -> float:
-    """FLOPs of a rollout's useful work: each distinct prompt prefilled once (LM head on its last token only),
-    then one decode step per response token after the first (the first comes from the prefill's logits)."""
-    layers, d = cfg.num_hidden_layers, cfg.num_attention_heads * (cfg.head_dim if getattr(cfg, "head_dim", None)
-                                                                  else cfg.hidden_size // cfg.num_attention_heads)
-    kv = cfg.num_key_value_heads * d // cfg.num_attention_heads
-    per_layer = cfg.hidden_size * (d + 2 * kv) + d * cfg.hidden_size + 3 * cfg.hidden_size * cfg.intermediate_size
-    body, head = layers * per_layer, cfg.vocab_size * cfg.hidden_size
-    flops = 0.0
-    for p in prompt_lengths:
-        flops += 2 * body * p + 2 * head + 4 * layers * d * p * (p + 1) / 2  # causal attention: scores + values
-    for i, r in enumerate(response_lengths):
-        p = prompt_lengths[i // n]
-        for t in range(1, r):  # the step feeding token t attends to p + t + 1 keys
-            flops += 2 * body + 2 * head + 4 * layers * d * (p + t + 1)
-    return flops
+    """FLOPs of a rollout's useful work (`bench_flops.rollout_flops`)."""
+    return rollout_flops(Shape.of(cfg), prompt_lengths, n, response_lengths)
 
 
 def load(checkpoint: str, prompts: int, seed: int):

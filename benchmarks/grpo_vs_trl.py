@@ -342,6 +342,51 @@ def table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def utilisation(summary: dict, runs: list[dict], workloads: list[Workload], shape, peak_gflops: float) -> dict:
+    """Per workload and framework: each phase's model FLOPs over its median seconds and the matmul peak
+    (`bench_flops`; the same useful work counted for both sides). Prompt and response lengths are our runs'
+    per-step means (the same prompts on both sides; `--model` forces every response to full length)."""
+    from bench_flops import forward_flops, rollout_flops, update_flops
+
+    out = {}
+    for w in workloads:
+        ours = [s for r in runs if r["ok"] and r["workload"] == w.name and r["framework"] != "trl"
+                for s in r["per_step"] if s.get("prompt_length_mean")]
+        if not ours or w.name not in summary:
+            continue
+        prompt = round(statistics.mean(s["prompt_length_mean"] for s in ours))
+        response = round(statistics.mean(s["gen_tokens"] for s in ours) / w.rows)
+        flops = {"generate": rollout_flops(shape, [prompt] * w.prompts, w.samples, [response] * w.rows),
+                 "log_probs_ref": forward_flops(shape, prompt, response, w.rows),
+                 "update": update_flops(shape, prompt, response, w.rows)}
+        row = {"prompt_tokens": prompt, "response_tokens": response, "gflop": {k: v / 1e9 for k, v in flops.items()},
+               "matmul_peak_gflops": peak_gflops}
+        for fw, fig in summary[w.name].items():
+            p = fig["phases"]
+            seconds = ({"generate": p.get("generate"), "log_probs_ref": p.get("log_probs_ref"),
+                        "update": (p.get("forward") or 0.0) + (p.get("backward") or 0.0)} if fw == "trl" else
+                       {"generate": p.get("generate"), "log_probs_ref": p.get("log_probs_ref"),
+                        "update": p.get("of_which_forward_backward")})
+            row[fw] = {k: flops[k] / 1e9 / (t * peak_gflops) if t else None for k, t in seconds.items()}
+        out[w.name] = row
+    return out
+
+
+def utilisation_table(util: dict) -> str:
+    if not util:
+        return ""
+    peak = next(iter(util.values()))["matmul_peak_gflops"]
+    lines = ["", "", f"Utilisation per phase: model FLOPs over the phase's median seconds and one thread's fp32 "
+             f"matmul peak ({peak:.0f} GFLOP/s); update = forward + backward, without AdamW:", "",
+             "| workload | framework | generate | log-probs ref | update |", "|---|---|---|---|---|"]
+    for name, row in util.items():
+        for fw, u in row.items():
+            if isinstance(u, dict) and "update" in u:
+                cells = [f"{100 * u[k]:.0f}%" if u[k] else "-" for k in ("generate", "log_probs_ref", "update")]
+                lines.append(f"| {name} | {fw} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def generation_table(gen: dict) -> str:
     if not gen:
         return ""
@@ -372,13 +417,18 @@ def main(argv=None) -> None:
     machine = machine_info(ROOT)
     print(f"machine: {machine['cpu_model']}, {machine['logical_cpus']} CPUs, {machine['ram_gib']} GiB, "
           f"load {machine['load_average_at_start']}", flush=True)
+    peaks: list[float] = []
     if args.model is not None:  # used as it is; the phase tables show generation
         checkpoints = {workloads[0].size: {"checkpoint": workloads[0].model}}
         gen = {}
+        from bench_flops import matmul_peak
+
+        peaks.append(matmul_peak())  # this process is idle while the children run: the same core's peak
     else:
         checkpoints = prepare_checkpoints({w.size for w in workloads})
         gen = {} if args.no_generation else generation_comparison(workloads, checkpoints)
     runs = []
+    util: dict = {}
     started = datetime.datetime.now()
     out = Path(args.out) if args.out else HERE / "results" / f"grpo_vs_trl-{started:%Y%m%d-%H%M%S}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -392,6 +442,8 @@ def main(argv=None) -> None:
             "models": checkpoints,
             "summary": summary,
             "generation": gen,
+            "matmul_peak_gflops": peaks,
+            "utilisation": util,
             "table_markdown": text,
             "runs": runs,
         }, indent=1, default=str))
@@ -414,7 +466,13 @@ def main(argv=None) -> None:
                     print("    " + ", ".join(f"{k} {v:.2f}" for k, v in phases.items() if v is not None), flush=True)
     summary = summarise(runs, workloads, args.frameworks, args.discard)
     machine["load_average_at_end"] = load_average()
-    text = table(summary) + generation_table(gen)
+    if peaks:
+        from bench_flops import Shape, matmul_peak
+        from transformers import AutoConfig
+
+        peaks.append(matmul_peak())
+        util.update(utilisation(summary, runs, workloads, Shape.of(AutoConfig.from_pretrained(args.model)), max(peaks)))
+    text = table(summary) + generation_table(gen) + utilisation_table(util)
     print("\n" + text)
     save(summary, text)
     print(f"\nresults: {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
