@@ -77,13 +77,17 @@ def rollout_flops(shape: Shape, prompt_lengths: list[int], n: int, response_leng
     return flops
 
 
-def forward_flops(shape: Shape, prompt_length: int, response_length: int, rows: int) -> float:
+def forward_flops(shape: Shape, prompt_length: int, response_length: int, rows: int, n: int = 1) -> float:
     """One teacher-forced forward of `rows` (prompt + response) sequences, logits on the response tokens only
-    (log-probs of the response)."""
-    tokens = prompt_length + response_length
-    return rows * (2 * shape.body * tokens + 2 * shape.head * response_length + shape.attention(tokens))
+    (log-probs of the response). Each group of `n` rows shares its prompt, and the useful work encodes a
+    prompt once per group (what `shared_prefix` does; an implementation that encodes it per row does more
+    work than is counted)."""
+    prompt = (rows // n) * (2 * shape.body * prompt_length + shape.attention(prompt_length))
+    response = rows * (2 * shape.body * response_length + 2 * shape.head * response_length
+                       + shape.attention(response_length, keys_before=prompt_length))
+    return prompt + response
 
 
-def update_flops(shape: Shape, prompt_length: int, response_length: int, rows: int) -> float:
+def update_flops(shape: Shape, prompt_length: int, response_length: int, rows: int, n: int = 1) -> float:
     """Forward and backward of the same sequences: the backward is twice the forward."""
-    return 3 * forward_flops(shape, prompt_length, response_length, rows)
+    return 3 * forward_flops(shape, prompt_length, response_length, rows, n)

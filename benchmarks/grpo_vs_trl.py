@@ -357,8 +357,8 @@ def utilisation(summary: dict, runs: list[dict], workloads: list[Workload], shap
         prompt = round(statistics.mean(s["prompt_length_mean"] for s in ours))
         response = round(statistics.mean(s["gen_tokens"] for s in ours) / w.rows)
         flops = {"generate": rollout_flops(shape, [prompt] * w.prompts, w.samples, [response] * w.rows),
-                 "log_probs_ref": forward_flops(shape, prompt, response, w.rows),
-                 "update": update_flops(shape, prompt, response, w.rows)}
+                 "log_probs_ref": forward_flops(shape, prompt, response, w.rows, w.samples),
+                 "update": update_flops(shape, prompt, response, w.rows, w.samples)}
         row = {"prompt_tokens": prompt, "response_tokens": response, "gflop": {k: v / 1e9 for k, v in flops.items()},
                "matmul_peak_gflops": peak_gflops}
         for fw, fig in summary[w.name].items():

@@ -13,7 +13,7 @@ SmolLM2-135M-Instruct opens that way in 82% of its greedy answers to the 273 hel
              logged as reward/rule/mean beside reward/model/mean, never trained on), k3 KL to the instruct model;
              validated greedily on held-out prompts by the gold rule (val-core/direct_answer/reward/mean@1), so a
              reward model that is gamed shows as its score rising while the gold falls (the regression alarm)
-    dpo      the instruct model trained by DPO (sigmoid loss, beta 0.1, the instruct model the reference) on the same
+    dpo      the instruct model trained by DPO (sigmoid loss, beta 0.1, lr 2e-5, the instruct model the reference) on the same
              training pairs, validated on the held-out pairs (rewards/accuracies) and by the same gold evaluator
 
     python experiments/smollm2_rlhf.py                          # Ray, Aim, progress bars (CPU, fp32)
@@ -88,7 +88,7 @@ def labelled_pairs(generations: str, split: str, test_fraction: float = HELDOUT_
 
 
 def base(model: str = "smollm2-135m-instruct", prompts: int = 1131, samples: int = 4, rm_steps: int = 80,
-         rm_lr: float = 3e-5, rl_steps: int = 24, rl_lr: float = 2e-5, kl_coef: float = 0.05, dpo_steps: int = 40, dpo_lr: float = 5e-6,
+         rm_lr: float = 3e-5, rl_steps: int = 24, rl_lr: float = 2e-5, kl_coef: float = 0.05, dpo_steps: int = 40, dpo_lr: float = 2e-5,
          dpo_beta: float = 0.1, dpo_loss: str = "sigmoid", generations: str | None = None) -> fdl.Config[Experiment]:
     """samples -> rm -> grpo, and samples -> dpo, fp32 on CPU; `prompts` training prompts answered `samples`
     times for the pairs; `generations`: pairs from this scored `generations.jsonl` of an earlier run's samples stage

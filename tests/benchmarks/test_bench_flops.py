@@ -19,6 +19,9 @@ def test_hand_computed_counts():
     assert SMALL.attention(1, keys_before=4) == 4 * 1 * 2 * 5
     assert forward_flops(SMALL, 1, 1, rows=1) == 2 * 30 * 2 + 2 * 10 * 1 + 24
     assert forward_flops(SMALL, 1, 1, rows=3) == 3 * 164
+    # two rows sharing a 1-token prompt: the prompt once (2 * 30 + 4 * 2 * 1), each response token after it
+    assert forward_flops(SMALL, 1, 1, rows=2, n=2) == (60 + 8) + 2 * (60 + 20 + 4 * 2 * 2)
+    assert forward_flops(SMALL, 3, 2, rows=1) == 2 * 30 * 5 + 2 * 10 * 2 + SMALL.attention(5)
     assert update_flops(SMALL, 1, 1, rows=1) == 3 * 164
     # prefill of one 1-token prompt (head on its last token), then one decode step attending to 3 keys
     assert rollout_flops(SMALL, [1], 1, [2]) == (60 + 20 + 8) + (60 + 20 + 4 * 2 * 3)
@@ -49,7 +52,7 @@ def test_grpo_vs_trl_utilisation_divides_each_phase_by_its_own_seconds():
     }}
     util = utilisation(summary, runs, [w], SMALL, peak_gflops=1e-9)  # 1 FLOP/s: utilisation = FLOPs / seconds
     gen = rollout_flops(SMALL, [1], 2, [2, 2])
-    fwd, upd = forward_flops(SMALL, 1, 2, rows=2), update_flops(SMALL, 1, 2, rows=2)
+    fwd, upd = forward_flops(SMALL, 1, 2, rows=2, n=2), update_flops(SMALL, 1, 2, rows=2, n=2)
     assert util[w.name]["local"] == pytest.approx({"generate": gen / 2.0, "log_probs_ref": fwd / 1.0, "update": upd / 4.0})
     assert util[w.name]["trl"] == pytest.approx({"generate": gen / 1.0, "log_probs_ref": fwd / 2.0, "update": upd / 4.0})
     assert (util[w.name]["prompt_tokens"], util[w.name]["response_tokens"]) == (1, 2)
