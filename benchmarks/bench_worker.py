@@ -28,15 +28,15 @@ class TimedPolicyWorker(PolicyWorker):
             self.trainer.optimizer.step = lambda *a, **k: self._timed("timing_s/optimizer_worker", optimizer_step, *a)
             self.trainer._clip_grad = lambda: self._timed("timing_s/clip_worker", clip)
 
-    def _timed(self, key: str, fn, *args):
+    def _timed(self, key: str, fn, *args, **kwargs):
         start = time.perf_counter()
-        out = fn(*args)
+        out = fn(*args, **kwargs)
         self._seconds[key] = self._seconds.get(key, 0.0) + time.perf_counter() - start
         return out
 
     @shard
-    def generate(self, prompts, sampling):
-        return self._timed("timing_s/gen_worker", super().generate, prompts, sampling)
+    def generate(self, prompts, sampling, **options):  # options: PolicyWorker.generate's own (keep_awake)
+        return self._timed("timing_s/gen_worker", super().generate, prompts, sampling, **options)
 
     @shard
     def compute_log_probs(self, batch):
@@ -112,9 +112,9 @@ class MemoryPolicyWorker(PolicyWorker):
         self._log_probs_batched = batched
 
     @shard
-    def generate(self, prompts, sampling):
+    def generate(self, prompts, sampling, **options):
         with self.MEMORY.phase("generate"):
-            return super().generate(prompts, sampling)
+            return super().generate(prompts, sampling, **options)
 
     @shard_exact
     def update(self, batch):
