@@ -48,11 +48,6 @@ MODEL = "smollm2-135m-instruct"
 CASES = ("sampled-natural", "sampled-forced", "greedy-natural")
 
 
-def model_flops(cfg, prompt_lengths: list[int], n: int, response_lengths: list[int]) -> float:
-    """FLOPs of a rollout's useful work (`bench_flops.rollout_flops`)."""
-    return rollout_flops(Shape.of(cfg), prompt_lengths, n, response_lengths)
-
-
 def load(checkpoint: str, prompts: int, seed: int):
     from rlhf.data.generators import arithmetic_rows
     from rlhf.data.prompts import PromptDataset
@@ -186,7 +181,7 @@ def run_case(case: str, engines, model, batch, args, peak: float, deadline: floa
             out, wall, cpu = timed(engine, batch, sampling, forced)
             lengths = out[2].sum(dim=1).tolist()
             tokens = sum(lengths)
-            flops = model_flops(model.config, prompt_lengths, args.n, lengths)
+            flops = rollout_flops(Shape.of(model.config), prompt_lengths, args.n, lengths)
             reps[engine.name].append({"wall_s": wall, "cpu_s": cpu, "tokens": tokens, "tokens_per_s": tokens / wall,
                                       "tokens_per_cpu_s": tokens / cpu, "gflop": flops / 1e9,
                                       "utilisation": flops / cpu / 1e9 / peak})

@@ -360,14 +360,14 @@ def utilisation(summary: dict, runs: list[dict], workloads: list[Workload], shap
                  "log_probs_ref": forward_flops(shape, prompt, response, w.rows, w.samples),
                  "update": update_flops(shape, prompt, response, w.rows, w.samples)}
         row = {"prompt_tokens": prompt, "response_tokens": response, "gflop": {k: v / 1e9 for k, v in flops.items()},
-               "matmul_peak_gflops": peak_gflops}
+               "matmul_peak_gflops": peak_gflops, "frameworks": {}}
         for fw, fig in summary[w.name].items():
             p = fig["phases"]
             seconds = ({"generate": p.get("generate"), "log_probs_ref": p.get("log_probs_ref"),
                         "update": (p.get("forward") or 0.0) + (p.get("backward") or 0.0)} if fw == "trl" else
                        {"generate": p.get("generate"), "log_probs_ref": p.get("log_probs_ref"),
                         "update": p.get("of_which_forward_backward")})
-            row[fw] = {k: flops[k] / 1e9 / (t * peak_gflops) if t else None for k, t in seconds.items()}
+            row["frameworks"][fw] = {k: flops[k] / 1e9 / (t * peak_gflops) if t else None for k, t in seconds.items()}
         out[w.name] = row
     return out
 
@@ -380,10 +380,9 @@ def utilisation_table(util: dict) -> str:
              f"matmul peak ({peak:.0f} GFLOP/s); update = forward + backward, without AdamW:", "",
              "| workload | framework | generate | log-probs ref | update |", "|---|---|---|---|---|"]
     for name, row in util.items():
-        for fw, u in row.items():
-            if fw != "gflop" and isinstance(u, dict):  # a framework's row
-                cells = [f"{100 * u[k]:.0f}%" if u[k] else "-" for k in ("generate", "log_probs_ref", "update")]
-                lines.append(f"| {name} | {fw} | {' | '.join(cells)} |")
+        for fw, u in row["frameworks"].items():
+            cells = [f"{100 * u[k]:.0f}%" if u[k] else "-" for k in ("generate", "log_probs_ref", "update")]
+            lines.append(f"| {name} | {fw} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
@@ -421,7 +420,7 @@ def main(argv=None) -> None:
     if args.model is not None:  # used as it is; the phase tables show generation
         checkpoints = {workloads[0].size: {"checkpoint": workloads[0].model}}
         gen = {}
-        from bench_flops import matmul_peak
+        from bench_flops import Shape, matmul_peak
 
         peaks.append(matmul_peak())  # this process is idle while the children run: the same core's peak
     else:
@@ -467,7 +466,6 @@ def main(argv=None) -> None:
     summary = summarise(runs, workloads, args.frameworks, args.discard)
     machine["load_average_at_end"] = load_average()
     if peaks:
-        from bench_flops import Shape, matmul_peak
         from transformers import AutoConfig
 
         peaks.append(matmul_peak())

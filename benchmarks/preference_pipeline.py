@@ -67,16 +67,11 @@ class StageCurves(CurveTracker):
 
 def length_only_accuracy(pairs: list[dict]) -> dict[str, float]:
     """How often the longer (and the shorter) answer of a pair is its chosen one, by characters; a tie counts half."""
-    from rlhf.data.preferences import longer_chosen_share
+    from rlhf.data.preferences import length_sides, longer_chosen_share
 
     share = longer_chosen_share(pairs) or 0.0
-    ties = sum(1 for p in pairs if len(_text(p["chosen"])) == len(_text(p["rejected"])))
     return {"longer_is_chosen": round(share, 4), "shorter_is_chosen": round(1 - share, 4),
-            "tied_pairs": ties, "pairs": len(pairs)}
-
-
-def _text(side) -> str:
-    return side if isinstance(side, str) else "".join(m["content"] for m in side)
+            "tied_pairs": length_sides(pairs).count(None), "pairs": len(pairs)}
 
 
 def scored(fraction: float, n: int) -> dict[str, Any]:

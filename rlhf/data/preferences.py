@@ -474,11 +474,16 @@ def preference_pairs(
         pair = pairs_from_samples(row, row["responses"], row_scores, with_margin=with_margin,
                                   length_matched=length_matched or length_balanced, chosen_longer=want)
         if pair is not None:
-            side = _longer_side(pair["chosen"][0]["content"], pair["rejected"][0]["content"])
+            (side,) = length_sides([pair])
             longer += side is True
             shorter += side is False
         pairs.append(pair)
     return pairs
+
+
+def length_sides(pairs: Sequence[Mapping]) -> list[bool | None]:
+    """Per pair: True where the chosen answer is the longer (in characters), False the shorter, None a tie."""
+    return [_longer_side(_text(p["chosen"]), _text(p["rejected"])) for p in pairs]
 
 
 def longer_chosen_share(pairs: Sequence[Mapping]) -> float | None:
@@ -486,8 +491,7 @@ def longer_chosen_share(pairs: Sequence[Mapping]) -> float | None:
     pairs. Near 0.5: length alone cannot label the pairs; a reward model must learn something else."""
     if not pairs:
         return None
-    sides = [_longer_side(_text(p["chosen"]), _text(p["rejected"])) for p in pairs]
-    return sum(1.0 if s else 0.5 if s is None else 0.0 for s in sides) / len(sides)
+    return sum(1.0 if s else 0.5 if s is None else 0.0 for s in length_sides(pairs)) / len(pairs)
 
 
 def _text(side: Sequence[Mapping] | str) -> str:

@@ -53,8 +53,8 @@ def test_grpo_vs_trl_utilisation_divides_each_phase_by_its_own_seconds():
     util = utilisation(summary, runs, [w], SMALL, peak_gflops=1e-9)  # 1 FLOP/s: utilisation = FLOPs / seconds
     gen = rollout_flops(SMALL, [1], 2, [2, 2])
     fwd, upd = forward_flops(SMALL, 1, 2, rows=2, n=2), update_flops(SMALL, 1, 2, rows=2, n=2)
-    assert util[w.name]["local"] == pytest.approx({"generate": gen / 2.0, "log_probs_ref": fwd / 1.0, "update": upd / 4.0})
-    assert util[w.name]["trl"] == pytest.approx({"generate": gen / 1.0, "log_probs_ref": fwd / 2.0, "update": upd / 4.0})
+    assert util[w.name]["frameworks"]["local"] == pytest.approx({"generate": gen / 2.0, "log_probs_ref": fwd / 1.0, "update": upd / 4.0})
+    assert util[w.name]["frameworks"]["trl"] == pytest.approx({"generate": gen / 1.0, "log_probs_ref": fwd / 2.0, "update": upd / 4.0})
     assert (util[w.name]["prompt_tokens"], util[w.name]["response_tokens"]) == (1, 2)
     rows = [line for line in utilisation_table(util).splitlines() if line.startswith(f"| {w.name} |")]
     assert [line.split(" | ")[1] for line in rows] == ["local", "trl"]  # one row per framework, nothing else
