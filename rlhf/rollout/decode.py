@@ -67,20 +67,48 @@ def warp_logits(logits: torch.Tensor, temperature: float, top_k: int, top_p: flo
     return scores
 
 
+DRAW_BLOCK = 1024
+"""Vocabulary entries per block of `draw`'s two-level CDF. One cumulative sum over SmolLM2's 64 x 49,152
+probabilities took 7.4 ms a step on one core (a scan does not vectorise); block sums, a cumulative sum over
+the 48 block totals and one over the chosen block's 1,024 entries read the probabilities once."""
+
+
 def draw(probs: torch.Tensor, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row of probs (B,V), by inverting the CDF at a uniform draw.
 
     The same distribution as `torch.multinomial(probs, 1)` with one random number per row
     instead of one per vocabulary entry (multinomial draws V exponentials per row: 25% of the
-    decoding time of a 140k-parameter model). Tokens of probability 0 are never drawn: `right=True`
-    picks the first index whose cumulative sum exceeds u, and u < the total. `uniform` (B,1):
-    the numbers in [0, 1) to use (None: drawn here).
+    decoding time of a 140k-parameter model). The CDF is inverted in two levels: the block of
+    `DRAW_BLOCK` entries whose cumulative total first exceeds u, then the entry within it (the
+    same token as one cumulative sum over the whole row, up to rounding at a boundary). Tokens of
+    probability 0 are never drawn: each level picks the first index whose cumulative sum exceeds
+    its target, and each target is kept below its total. `probs` may be unnormalised. `uniform`
+    (B,1): the numbers in [0, 1) to use (None: drawn here).
     """
-    cdf = probs.cumsum(dim=-1)
+    rows, vocab = probs.shape
     if uniform is None:
-        uniform = torch.rand((probs.shape[0], 1), device=probs.device, dtype=cdf.dtype)
-    u = uniform * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[-1] - 1)
+        uniform = torch.rand((rows, 1), device=probs.device, dtype=torch.float32)
+    full, tail = divmod(vocab, DRAW_BLOCK)
+    sums = probs[:, : full * DRAW_BLOCK].reshape(rows, full, DRAW_BLOCK).sum(dim=-1)
+    if tail:
+        sums = torch.cat([sums, probs[:, full * DRAW_BLOCK :].sum(dim=-1, keepdim=True)], dim=1)
+    cdf = sums.cumsum(dim=-1)
+    u = _below(uniform.to(cdf.dtype) * cdf[:, -1:], cdf[:, -1:])
+    block = torch.searchsorted(cdf, u, right=True).clamp_(max=cdf.shape[1] - 1)  # (B,1)
+    before = torch.where(block > 0, cdf.gather(1, (block - 1).clamp(min=0)), 0.0)
+    index = block * DRAW_BLOCK + torch.arange(DRAW_BLOCK, device=probs.device)  # (B, DRAW_BLOCK)
+    inside = probs.gather(1, index.clamp(max=vocab - 1))
+    if tail:
+        inside = inside.masked_fill(index >= vocab, 0.0)
+    inner = inside.cumsum(dim=-1)
+    offset = _below((u - before).clamp(min=0.0), inner[:, -1:])
+    within = torch.searchsorted(inner, offset, right=True).clamp_(max=DRAW_BLOCK - 1)
+    return (block * DRAW_BLOCK + within).squeeze(1)
+
+
+def _below(target: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+    """`target` kept strictly below `total` (rounding may take u * total, or a remainder, up to it)."""
+    return torch.minimum(target, torch.nextafter(total, torch.zeros_like(total)))
 
 
 def default_check_every(device: torch.device) -> int:
