@@ -333,9 +333,9 @@ class _Scheduler:
         self.model, self.input_ids, self.attention_mask, self.n, self.every = model, input_ids, attention_mask, n, every
         self.capacity = (u if max_rows is None else max(1, min(u, max_rows // n))) * n  # whole prompt groups
         self.width = s.max_new_tokens + every  # a finished row decodes up to every - 1 steps past its end
-        self.columns = int(attention_mask.any(dim=0).sum()) + s.max_new_tokens  # the longest prompt, unpadded
+        self.prompt_columns = int(attention_mask.any(dim=0).sum())  # the longest prompt, unpadded
         self.max_new_tokens, self.continuous = s.max_new_tokens, continuous
-        self.lean = lean and supports(model, length=self.columns)
+        self.lean = lean and supports(model, length=self.prompt_columns + s.max_new_tokens)
         self.refill = continuous and self.lean and not sharded  # admit mid-wave: its prefill is no collective then
         self.synced = sharded and not self.lean  # every decoding step is a collective: ranks agree when to stop
         self.admit_at = max(n, self.capacity // 8)
@@ -361,8 +361,9 @@ class _Scheduler:
         else:
             if self.decoder is None:  # built once per call: the weights are gathered once
                 dtype = cache.layers[0].keys.dtype  # what the model's own forward computed in
-                self.decoder = LeanDecoder(self.model, self.capacity, self.columns + self.every - 1, dtype,
-                                           logits.device, min_rows=min(BATCH_INVARIANT_ROWS, (hi - lo) * n))
+                self.decoder = LeanDecoder(self.model, self.capacity, n, self.prompt_columns,
+                                           self.max_new_tokens + self.every - 1, dtype, logits.device,
+                                           min_rows=min(BATCH_INVARIANT_ROWS, (hi - lo) * n))
             self.decoder.add(cache, mask, n)
         del cache
         self.active.extend(logits.repeat_interleave(n, dim=0) if n > 1 else logits, lo * n, (hi - lo) * n, self.steps)

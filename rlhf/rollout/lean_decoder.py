@@ -6,8 +6,10 @@ table, grows the KV cache with `torch.cat` and dispatches attention through SDPA
 kernel is slower than two matmuls at one query token. `LeanDecoder` runs the same layers
 from the model's parameters as they are when the rollout starts (the hybrid engine updates
 them between rollouts, never during one) with what a step needs only:
-- a preallocated KV cache (rows, kv_heads, P + max_new_tokens, D) written in place, whose rows
-  sequences enter (`add`, with their prefill) and leave (`select`) as decoding goes;
+- a preallocated KV cache written in place: each prompt's keys and values once for its n samples
+  (cascade attention: the n samples' queries meet the shared prompt in one matmul), each row's
+  decoded tokens on their own; sequences enter (`add`, with their prefill) and leave (`select`)
+  as decoding goes;
 - the q/k/v projections as one matmul, and the MLP's gate and up projections as one (their
   weights concatenated once per rollout);
 - the rotary table of every position computed once per rollout;
@@ -169,16 +171,23 @@ class _Layer(NamedTuple):
 class LeanDecoder:
     """One-token decoding steps for up to `rows` sequences, each with its own place in a preallocated KV cache.
 
-    The cache is (rows, kv_heads, columns, D) per layer. A sequence enters with its prompt's
-    prefill (`add`: the prefill's columns, left padding included, then its decoded tokens one
-    column after another) and leaves at any step (`select`), so a finished row stops costing
-    compute and its slot can take a new prompt (continuous batching, rlhf.rollout.decode). The
-    active sequences are the first `self.rows` rows of every buffer. Each row has its own write
-    column and rotary position; attention reads the columns up to the furthest row's, each row's
-    unwritten and padding columns masked out. Rows admitted together (one `add`) share their write
-    column, so a batch that is never refilled computes exactly what one static batch would.
-    The weights are read once, here: plain tensors, FSDP2 shards gathered (a collective: every
-    rank builds its decoder at the same point), cast to `dtype`, the dtype the model's own
+    The n samples of a prompt share its prompt, so its keys and values are kept once (cascade
+    attention): a prompt store (groups, kv_heads, prompt_columns, D) per layer holds each admitted
+    prompt group's prefill, and a row store (rows, kv_heads, new_columns, D) each sequence's decoded
+    tokens. A step attends to both under one softmax: the prompt part as one matmul per group and
+    KV head over all n samples' query heads (n x group rows against the prompt's keys, read once
+    instead of n times), the decoded part per row. Decoding attention reads the KV cache, not
+    weights, so at SmolLM2's 64 rows it was 11-16% of a step; the prompt is most of what it reads
+    (a reasoning-gym prompt of ~150 tokens against 8-64 decoded ones).
+    A sequence enters with its prompt's prefill (`add`) and leaves at any step (`select`), so a
+    finished row stops costing compute and its slot can take a new prompt (continuous batching,
+    rlhf.rollout.decode); a prompt group's slot is freed with its last row. The active sequences
+    are the first `self.rows` rows of the row store. Each row has its own write column and rotary
+    position; attention reads the decoded columns up to the furthest row's, each row's unwritten
+    columns and its prompt's left padding masked out. Rows admitted together (one `add`) share
+    their write column, so a batch that is never refilled computes exactly what one static batch
+    would. The weights are read once, here: plain tensors, FSDP2 shards gathered (a collective:
+    every rank builds its decoder at the same point), cast to `dtype`, the dtype the model's own
     forward computed the prefill in.
     """
 
@@ -186,7 +195,9 @@ class LeanDecoder:
         self,
         model: torch.nn.Module,
         rows: int,  # sequences decoding at once, at most
-        columns: int,  # prompt (left-padded) + decoded tokens per sequence, at most
+        n: int,  # samples per prompt: rows enter in groups of n sharing one prompt
+        prompt_columns: int,  # a prompt's (left-padded) prefill length, at most
+        new_columns: int,  # decoded tokens per sequence fed back through the step, at most
         dtype: torch.dtype,
         device: torch.device,
         min_rows: int = 1,  # matmuls run on at least this many rows (zero rows added), see rlhf.rollout.decode
@@ -196,21 +207,36 @@ class LeanDecoder:
         self.heads = cfg.num_attention_heads
         self.kv_heads = getattr(cfg, "num_key_value_heads", None) or self.heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // self.heads
+        self.group = self.heads // self.kv_heads
         self.scale = body.layers[0].self_attn.scaling
-        self.capacity, self.columns, self.min_rows = rows, columns, min_rows
-        shape = (rows, self.kv_heads, columns, self.head_dim)
+        self.capacity, self.n, self.min_rows = rows, n, min_rows
+        self.prompt_columns, self.new_columns = prompt_columns, new_columns
+        groups = rows  # prompt groups at once: with refill, as many as rows (one survivor each), not rows / n
         # zeros, not empty: a reused slot's stale columns are masked, and masked values must be finite
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in body.layers]
-        self.bias = torch.full((rows, 1, 1, columns), float("-inf"), dtype=torch.float32, device=device)
+        self.prompt_keys = [torch.zeros((groups, self.kv_heads, prompt_columns, self.head_dim), dtype=dtype,
+                                        device=device) for _ in body.layers]
+        self.prompt_values = [torch.zeros_like(k) for k in self.prompt_keys]
+        self.prompt_bias = torch.full((groups, 1, 1, prompt_columns), float("-inf"), dtype=torch.float32, device=device)
+        self.keys = [torch.zeros((rows, self.kv_heads, new_columns, self.head_dim), dtype=dtype, device=device)
+                     for _ in body.layers]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.bias = torch.full((rows, 1, 1, new_columns), float("-inf"), dtype=torch.float32, device=device)
+        # each group's n samples' queries, and their attention to the prompt, laid out by (group, sample)
+        self._grouped_q = torch.zeros((groups, n, self.kv_heads, self.group, self.head_dim), dtype=dtype, device=device)
+        self._grouped_p = torch.zeros((groups, self.kv_heads, n, self.group, prompt_columns), dtype=dtype, device=device)
         self.column = torch.zeros(rows, dtype=torch.long, device=device)  # where each row's next key goes
         self.position = torch.zeros(rows, dtype=torch.long, device=device)  # each row's next rotary position
+        self.slot = torch.zeros(rows, dtype=torch.long, device=device)  # each row's prompt group
+        self.member = torch.zeros(rows, dtype=torch.long, device=device)  # ... and its sample in the group
         self.index = torch.arange(rows, device=device)
-        cos, sin = body.rotary_emb(self.keys[0][:1], torch.arange(columns, device=device)[None])  # (1, columns, D)
+        positions = torch.arange(prompt_columns + new_columns, device=device)[None]
+        cos, sin = body.rotary_emb(self.keys[0][:1], positions)  # (1, columns, D)
         self.cos, self.sin = cos[0], sin[0]  # looked up by position (a position is never beyond its column)
-        self.rows = 0  # active rows: the first `rows` of every buffer
+        self.rows = 0  # active rows: the first `rows` of the row store
         self.steps = 0  # steps taken; a row's write column is its base + steps (host-side, no device reads)
         self._base: list[int] = []
+        self._slots: list[int] = []  # each active row's prompt group (host-side)
+        self._width: dict[int, int] = {}  # each used prompt group's prefill length
         gathered: dict[int, torch.Tensor | None] = {}  # tied weights are gathered once
 
         def full(p: torch.Tensor | None) -> torch.Tensor | None:
@@ -255,31 +281,41 @@ class LeanDecoder:
         """Append the n samples of each of U prefilled prompts as rows (the samples of a prompt adjacent).
 
         prefill_cache: (U, kv_heads, P, D) per layer, from the model's forward over the prompts;
-        attention_mask: (U, P) 1 on prompt tokens (left padding 0). Their first decoded tokens go to
-        column P, at rotary position (prompt length).
+        attention_mask: (U, P) 1 on prompt tokens (left padding 0). Each prompt takes a free group
+        slot of the prompt store; its samples' first decoded tokens go to their rows' column 0, at
+        rotary position (prompt length).
         """
         u, p = attention_mask.shape
         lo, hi = self.rows, self.rows + u * n
-        if hi > self.capacity or p + 1 > self.columns:
-            raise ValueError(f"LeanDecoder.add: {u * n} rows of {p} columns do not fit ({self.free} rows free, "
-                             f"{self.columns} columns)")
-        for layer, keys, values in zip(prefill_cache.layers, self.keys, self.values):
-            keys[lo:hi, :, :p].view(u, n, self.kv_heads, p, self.head_dim).copy_(layer.keys[:, None])
-            values[lo:hi, :, :p].view(u, n, self.kv_heads, p, self.head_dim).copy_(layer.values[:, None])
-        mask = attention_mask.repeat_interleave(n, dim=0) if n > 1 else attention_mask
+        used = set(self._slots)
+        free = [g for g in range(self.prompt_bias.shape[0]) if g not in used][:u]
+        if n != self.n or hi > self.capacity or p > self.prompt_columns or len(free) < u:
+            raise ValueError(f"LeanDecoder.add: {u} prompts of {p} columns x {n} samples do not fit ({self.free} "
+                             f"rows free, {self.prompt_columns} prompt columns, {self.n} samples per prompt)")
+        slots = torch.tensor(free, dtype=torch.long, device=self.slot.device)
+        for layer, keys, values in zip(prefill_cache.layers, self.prompt_keys, self.prompt_values):
+            keys[slots, :, :p] = layer.keys.to(keys.dtype)  # under autocast, keys (rotated) and values may differ
+            values[slots, :, :p] = layer.values.to(values.dtype)
+        bias = torch.full((u, 1, 1, self.prompt_columns), float("-inf"), dtype=torch.float32, device=slots.device)
+        bias[:, 0, 0, :p].masked_fill_(attention_mask.bool(), 0.0)
+        self.prompt_bias[slots] = bias
         self.bias[lo:hi] = float("-inf")  # a reused slot: its old row's columns are masked again
-        self.bias[lo:hi, 0, 0, :p].masked_fill_(mask.bool(), 0.0)
-        self.column[lo:hi] = p
-        self.position[lo:hi] = mask.sum(dim=1)
+        self.column[lo:hi] = 0
+        self.position[lo:hi] = attention_mask.sum(dim=1).repeat_interleave(n)
+        self.slot[lo:hi] = slots.repeat_interleave(n)
+        self.member[lo:hi] = torch.arange(n, device=slots.device).repeat(u)
         self.rows = hi
-        self._base.extend([p - self.steps] * (hi - lo))
+        self._base.extend([-self.steps] * (hi - lo))
+        self._slots.extend(g for g in free for _ in range(n))
+        self._width.update((g, p) for g in free)
 
     def select(self, keep: list[int]) -> None:
         """Keep the rows `keep` (indices of active rows, in their new order), drop the others.
 
         Only rows whose place changes are copied (the columns written so far), so dropping rows
         with swap-remove order (the survivors that stay where they are, the last survivors moved
-        into the holes: see rlhf.rollout.decode) copies at most as many rows as were dropped.
+        into the holes: see rlhf.rollout.decode) copies at most as many rows as were dropped. A
+        prompt group whose last row leaves frees its slot in the prompt store.
         """
         moves = [(dst, src) for dst, src in enumerate(keep) if dst != src]
         if moves:
@@ -288,10 +324,12 @@ class LeanDecoder:
             used = max(self._base) + self.steps  # the furthest column written so far
             for buffer in (*self.keys, *self.values):
                 buffer[dst, :, :used] = buffer[src, :, :used]
-            self.bias[dst] = self.bias[src]
-            self.column[dst] = self.column[src]
-            self.position[dst] = self.position[src]
+            for state in (self.bias, self.column, self.position, self.slot, self.member):
+                state[dst] = state[src]
         self._base = [self._base[i] for i in keep]
+        self._slots = [self._slots[i] for i in keep]
+        used = set(self._slots)
+        self._width = {g: w for g, w in self._width.items() if g in used}
         self.rows = len(keep)
 
     @torch.no_grad()
@@ -301,30 +339,43 @@ class LeanDecoder:
         if b != self.rows:
             raise ValueError(f"LeanDecoder.step: {b} tokens for {self.rows} active rows")
         furthest = max(self._base)
-        length = furthest + self.steps + 1  # columns any row attends to, its own new one included
+        length = furthest + self.steps + 1  # decoded columns any row attends to, its own new one included
         if furthest == min(self._base):  # one column for every row (rows admitted together): plain slices
             rows, column = slice(0, b), furthest + self.steps
         else:
             rows, column = self.index[:b], self.column[:b]
         self.bias[rows, 0, 0, column] = 0.0  # each row's new column becomes visible to that row
-        bias = self.bias[:b, ..., :length]
+        groups, width = max(self._slots) + 1, max(self._width.values())  # the prompt store's part in use
+        slot, member = self.slot[:b], self.member[:b]
+        bias = torch.cat([self.prompt_bias[slot][..., :width], self.bias[:b, ..., :length]], dim=-1)
         x = F.embedding(token, self.embed)  # (B, hidden)
         position = self.position[:b]
         cos, sin = self.cos[position][:, None, :], self.sin[position][:, None, :]  # (B, 1, D)
-        group = self.heads // self.kv_heads
         hq, hk = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        grouped_q = self._grouped_q[:groups]
+        grouped_p = self._grouped_p[:groups, ..., :width]
+        shape = (groups, self.kv_heads, self.n * self.group)
         linear = self._linear
-        for w, keys, values in zip(self.layers, self.keys, self.values):
+        for w, keys, values, prompt_keys, prompt_values in zip(self.layers, self.keys, self.values, self.prompt_keys,
+                                                               self.prompt_values):
             qkv = linear(_rms_norm(x, w.norm1, w.eps1), w.w_qkv, w.b_qkv)
             qk = _rotate(qkv[:, : hq + hk].view(b, self.heads + self.kv_heads, self.head_dim), cos, sin)
             # (under autocast the matmuls may compute in another dtype than the cache's, as a slice assignment allows)
             keys[rows, :, column] = qk[:, self.heads :].to(keys.dtype)
             values[rows, :, column] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim).to(values.dtype)
-            q = qk[:, : self.heads].reshape(b, self.kv_heads, group, self.head_dim)
-            scores = torch.matmul(q, keys[:b, :, :length].transpose(-1, -2)) * self.scale + bias
+            q = qk[:, : self.heads].reshape(b, self.kv_heads, self.group, self.head_dim)
+            grouped_q[slot, member] = q.to(grouped_q.dtype)
+            on_prompt = torch.matmul(grouped_q.transpose(1, 2).reshape(*shape, self.head_dim),
+                                     prompt_keys[:groups, :, :width].transpose(-1, -2))
+            on_prompt = on_prompt.view(groups, self.kv_heads, self.n, self.group, width)[slot, :, member]
+            on_decoded = torch.matmul(q, keys[:b, :, :length].transpose(-1, -2))
+            scores = torch.cat([on_prompt, on_decoded], dim=-1) * self.scale + bias
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out = torch.matmul(probs, values[:b, :, :length]).reshape(b, hq)
-            x = x + linear(out, w.w_o, w.b_o)
+            grouped_p[slot, :, member] = probs[..., :width].to(grouped_p.dtype)
+            from_prompt = torch.matmul(grouped_p.reshape(*shape, width), prompt_values[:groups, :, :width])
+            out = torch.matmul(probs[..., width:], values[:b, :, :length])
+            out = out + from_prompt.view(groups, self.kv_heads, self.n, self.group, self.head_dim)[slot, :, member]
+            x = x + linear(out.reshape(b, hq), w.w_o, w.b_o)
             gate, up = linear(_rms_norm(x, w.norm2, w.eps2), w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)
             x = x + linear(w.act(gate) * up, w.w_down, w.b_down)
         self.column[:b] += 1

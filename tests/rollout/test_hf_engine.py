@@ -134,15 +134,16 @@ def test_chunks_hold_whole_prompt_groups_and_at_most_max_rows(engine):
 
 
 def test_the_kv_cache_holds_max_rows_of_the_longest_prompt_plus_the_allowed_new_tokens(engine, monkeypatch):
-    """One KV cache per call, (rows, kv_heads, P + max_new_tokens, D): rows = the whole prompt groups that fit in
-    max_rows_per_call (all rows without it), P the call's longest prompt; finished rows free their slots."""
+    """One KV cache per call: decoded tokens (rows, kv_heads, max_new_tokens, D) and prompts (rows, kv_heads, P, D),
+    rows = the whole prompt groups that fit in max_rows_per_call (all rows without it), P the call's longest
+    prompt, each prompt kept once for its n samples; finished rows free their slots."""
     import rlhf.rollout.decode as decode
 
     shapes = []
 
     def spy(*args, **kwargs):
         decoder = LeanDecoder(*args, **kwargs)
-        shapes.append(tuple(decoder.keys[0].shape))
+        shapes.append((tuple(decoder.keys[0].shape), tuple(decoder.prompt_keys[0].shape)))
         return decoder
 
     monkeypatch.setattr(decode, "LeanDecoder", spy)
@@ -153,7 +154,7 @@ def test_the_kv_cache_holds_max_rows_of_the_longest_prompt_plus_the_allowed_new_
     capped = HFEngine.sharing(engine.model, engine.tokenizer, max_rows_per_call=5).generate(batch, greedy)
     cfg = engine.model.config
     kv, d = cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads
-    assert shapes == [(10, kv, longest + 5, d), (4, kv, longest + 5, d)]  # 5 rows hold 2 groups of n=2
+    assert shapes == [((10, kv, 5, d), (10, kv, longest, d)), ((4, kv, 5, d), (4, kv, longest, d))]  # 5 rows: 2 groups
     assert torch.equal(capped["responses"], whole["responses"])
     assert torch.allclose(capped["rollout_log_probs"], whole["rollout_log_probs"], atol=1e-5)
 

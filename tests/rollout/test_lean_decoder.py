@@ -91,6 +91,54 @@ def test_the_lm_head_in_vocabulary_chunks_gives_the_same_bits(monkeypatch):
     assert len({int(row.eq(EOS).nonzero()[0]) if row.eq(EOS).any() else 16 for row in whole[0]}) > 1
 
 
+def test_each_prompt_is_kept_once_for_its_samples_and_its_slot_is_reused_after_its_last_row():
+    """Cascade attention's bookkeeping: U prompts x n samples take U prompt slots (the prefill's keys, once each);
+    rows moved by a select keep their prompt; a slot frees with its group's last row and takes the next prompt;
+    and every step's logits stay those of the model's forward over prompt + decoded tokens."""
+    from rlhf.rollout.decode import _prefill
+
+    model = qwen2()
+    ids, mask = prompts()
+    decoder = LeanDecoder(model, rows=6, n=2, prompt_columns=7, new_columns=8, dtype=torch.float32,
+                          device=torch.device("cpu"))
+    _, cache, trimmed = _prefill(model, ids[:2], mask[:2])
+    decoder.add(cache, trimmed, 2)
+    assert decoder._slots == [0, 0, 1, 1]
+    assert torch.equal(decoder.prompt_keys[0][:2, :, : trimmed.shape[1]], cache.layers[0].keys)
+    history = {r: [] for r in range(4)}  # each row's decoded tokens, by its first row index
+
+    def check(logits, rows, prompt_rows):
+        for i, r in enumerate(rows):
+            p = prompt_rows[i]
+            full = torch.cat([ids[p][mask[p].bool()], torch.tensor(history[r], dtype=torch.long)])
+            ref = model(input_ids=full[None]).logits[0, -1]
+            assert torch.allclose(logits[i], ref, atol=1e-5), (r, len(history[r]))
+
+    rows, prompt_rows = [0, 1, 2, 3], [0, 0, 1, 1]
+    for step in range(3):
+        token = torch.tensor([5 + r + step for r in range(4)])
+        for r, t in zip(rows, token.tolist()):
+            history[r].append(t)
+        with torch.no_grad():
+            check(decoder.step(token), rows, prompt_rows)
+    decoder.select([3, 1])  # prompt 0 keeps row 1; prompt 1 keeps row 3, moved to the front
+    rows, prompt_rows = [3, 1], [1, 0]
+    assert decoder._slots == [1, 0]
+    decoder.select([0])  # prompt 0's last row leaves: its slot is free again
+    rows, prompt_rows = [3], [1]
+    _, cache, trimmed = _prefill(model, ids[2:], mask[2:])
+    decoder.add(cache, trimmed, 2)
+    assert decoder._slots == [1, 0, 0]
+    history.update({4: [], 5: []})
+    rows, prompt_rows = [3, 4, 5], [1, 2, 2]
+    for step in range(3):
+        token = torch.tensor([7 + r + step for r in rows])
+        for r, t in zip(rows, token.tolist()):
+            history[r].append(t)
+        with torch.no_grad():
+            check(decoder.step(token), rows, prompt_rows)
+
+
 def test_unsupported_models_use_their_own_forward():
     from peft import LoraConfig, get_peft_model
 
