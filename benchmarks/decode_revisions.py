@@ -25,7 +25,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def measure(prompt_tokens: int, prompts: int, n: int, new_tokens: int, temperature: float) -> float:
+def measure(model_name: str, prompt_tokens: int, prompts: int, n: int, new_tokens: int, temperature: float) -> float:
     """Seconds of one `HFEngine.generate` call after a warm-up call, in this process."""
     import time
 
@@ -38,9 +38,10 @@ def measure(prompt_tokens: int, prompts: int, n: int, new_tokens: int, temperatu
     from rlhf.models.loading import load_causal_lm, load_tokenizer
     from rlhf.rollout import HFEngine, SamplingParams
 
-    folder = model_folder("smollm2-135m-instruct")
+    folder = model_name if Path(model_name).is_dir() else model_folder(model_name)
     model, tok = load_causal_lm(folder).eval(), load_tokenizer(folder)
-    ids = torch.randint(200, 30000, (prompts, prompt_tokens), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(3, min(30000, model.config.vocab_size), (prompts, prompt_tokens),
+                        generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     batch = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {})
     engine = HFEngine.sharing(model, tok)
@@ -60,6 +61,7 @@ def revision(source: Path) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--source", nargs=2, required=True, help="two checkouts of rlhf: before, after")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="an imported model's name or a model folder")
     p.add_argument("--prompt-tokens", type=int, default=150)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--n", type=int, default=8)
@@ -71,27 +73,28 @@ def main() -> int:
     args = p.parse_args()
     shape = (args.prompt_tokens, args.prompts, args.n, args.new_tokens, args.temperature)
     if args.child:
-        print(json.dumps({"seconds": measure(*shape)}))
+        print(json.dumps({"seconds": measure(args.model, *shape)}))
         return 0
     sources = [Path(s).resolve() for s in args.source]
-    seconds: dict[str, list[float]] = {str(s): [] for s in sources}
+    seconds: list[list[float]] = [[], []]  # by position: before, after (the same folder may be given twice)
     for rep in range(args.repeats):
-        for source in sources if rep % 2 == 0 else sources[::-1]:  # alternated: neither side always goes first
+        for side in (0, 1) if rep % 2 == 0 else (1, 0):  # alternated: neither side always goes first
+            source = sources[side]
             env = {**os.environ, "PYTHONPATH": str(source), "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
             cmd = [sys.executable, str(HERE / "decode_revisions.py"), "--child", "--source", *args.source,
-                   "--prompt-tokens", str(args.prompt_tokens), "--prompts", str(args.prompts), "--n", str(args.n),
+                   "--model", args.model, "--prompt-tokens", str(args.prompt_tokens), "--prompts", str(args.prompts), "--n", str(args.n),
                    "--new-tokens", str(args.new_tokens), "--temperature", str(args.temperature)]
             out = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=source, check=True)
-            seconds[str(source)].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
-            print(f"rep {rep} {source}: {seconds[str(source)][-1]:.2f} s", flush=True)
-    before, after = (statistics.median(seconds[str(s)]) for s in sources)
+            seconds[side].append(json.loads(out.stdout.strip().splitlines()[-1])["seconds"])
+            print(f"rep {rep} {source}: {seconds[side][-1]:.2f} s", flush=True)
+    before, after = (statistics.median(t) for t in seconds)
     result = {
         "started": datetime.datetime.now().isoformat(timespec="seconds"),
+        "model": args.model,
         "shape": dict(zip(("prompt_tokens", "prompts", "n", "new_tokens", "temperature"), shape)),
         "load_average": os.getloadavg(),
-        "sources": [{"path": str(s), "revision": revision(s), "seconds": seconds[str(s)],
-                     "median": statistics.median(seconds[str(s)]), "min": min(seconds[str(s)]),
-                     "max": max(seconds[str(s)])} for s in sources],
+        "sources": [{"path": str(s), "revision": revision(s), "seconds": t, "median": statistics.median(t),
+                     "min": min(t), "max": max(t)} for s, t in zip(sources, seconds)],
         "after_over_before": after / before,
     }
     print(f"median {before:.2f} s -> {after:.2f} s: x{after / before:.3f}")
