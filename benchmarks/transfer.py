@@ -148,7 +148,14 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
         "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
         "curve": [{"step": p["step"], "score": round(p["critic/score/mean"], 4),
                    "partial_share": round(p[partial], 4) if partial in p else None,
-                   "response_length": round(p.get("response_length/mean", 0.0), 1)}
+                   "response_length": round(p.get("response_length/mean", 0.0), 1),
+                   "step_s": round(p.get("timing_s/step", 0.0), 1), "gen_s": round(p.get("timing_s/gen", 0.0), 1),
+                   "log_prob_s": round(p.get("timing_s/old_log_prob", 0.0), 1),
+                   "update_s": round(p.get("timing_s/update_actor", 0.0), 1),
+                   "longest_response": round(p.get("response_length/max", 0.0)),
+                   **({"rounds": int(p["train/num_gen_batches"]),
+                       "groups_with_variance": int(p["dynamic_sampling/groups_with_variance"])}
+                      if "train/num_gen_batches" in p else {})}
                   for p in CurveTracker.curve if "critic/score/mean" in p],
         "validations": [{"step": p["step"], "accuracy": round(p[strict], 4), "lenient": round(p.get(lenient, 0), 4)}
                         for p in validations],

@@ -89,8 +89,8 @@ def scored_rollout(worker, prompts=4, n=4, seed=0):
 
 
 def group_plan(num_workers, **worker):
-    """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker);
-    `worker`: more PolicyWorker arguments (`optimizer` replaces the default SGD), TrainingSetup's fields
+    """The Plan of a policy group of `num_workers` on the tiny model (same objective as grpo_worker unless
+    `objective=` gives a node); `worker`: more PolicyWorker arguments (`optimizer` replaces the default SGD), TrainingSetup's fields
     among them (they go to the worker's `training` node)."""
     from rlhf.algos import KLLoss, PPOClipLoss, kl_k3
     from rlhf.runtime.plan import compile_graph
@@ -99,7 +99,7 @@ def group_plan(num_workers, **worker):
     from rlhf_configs.pieces import policy_group
 
     path = tiny_model_path()
-    objective = fdl.Config(
+    objective = worker.pop("objective", None) or fdl.Config(
         PolicyObjective, policy_loss=fdl.Config(PPOClipLoss), kl_loss=fdl.Config(KLLoss, estimator=kl_k3, coef=0.1)
     )
     # SGD: the update is lr * gradient, so comparing parameters compares gradients. (Adam's first

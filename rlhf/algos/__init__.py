@@ -72,6 +72,7 @@ from rlhf.algos.policy_loss import (
     PPOClipLoss,
     REINFORCELoss,
     SAPOLoss,
+    zero_advantage_rows,
 )
 from rlhf.algos.rollout_correction import (
     RejectionMask,
@@ -130,6 +131,7 @@ __all__ = [
     # policy losses
     "PolicyLoss",
     "PPOClipLoss",
+    "zero_advantage_rows",
     "GSPOLoss",
     "SAPOLoss",
     "GPGLoss",

@@ -31,6 +31,7 @@ A loss is chosen by putting its class in the graph:
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -50,10 +51,21 @@ def _frac(flag: Tensor, mask: Tensor) -> Tensor:
     return masked_mean(flag.to(torch.float32), mask).detach()
 
 
+def zero_advantage_rows(advantages: Tensor, response_mask: Tensor) -> Tensor:
+    """(B,) bool: the rows whose advantage is 0 at every response token (a masked one does not count). Where the
+    loss says so (`PolicyLoss.zero_advantage_rows_inert`), they add nothing to it or to its gradient."""
+    return ~((advantages != 0) & as_bool(response_mask)).any(dim=-1)
+
+
 class PolicyLoss(Frozen):
     """Base class: subclasses implement `token_loss` and set `self.aggregate` (attributes are set once: `Frozen`)."""
 
     aggregate: Aggregation
+    # Each row's loss is its own advantages times terms of that row only, so a row whose advantages are all 0 adds
+    # nothing to the loss or its gradient (the aggregation divides by global counts, not by the rows present):
+    # the policy worker's update can leave such rows out (`PolicyObjective.skip_inert_rows`). False where a
+    # batch statistic couples the rows (Clip-Cov, KL-Cov) or for a subclass that has not said.
+    zero_advantage_rows_inert: ClassVar[bool] = False
 
     def token_loss(
         self, log_probs: Tensor, old_log_probs: Tensor, advantages: Tensor, response_mask: Tensor
@@ -107,6 +119,8 @@ class PPOClipLoss(PolicyLoss):
     Metrics: pg_loss, pg_clipfrac, pg_clipfrac_lower (0 without dual clip), ppo_kl.
     """
 
+    zero_advantage_rows_inert = True
+
     def __init__(
         self,
         clip_low: float = 0.2,
@@ -151,6 +165,8 @@ class GSPOLoss(PolicyLoss):
     log s_it is clamped to <= 10 before exp (as verl). Metrics: pg_loss, pg_clipfrac, ppo_kl.
     """
 
+    zero_advantage_rows_inert = True
+
     def __init__(self, clip_low: float = 3e-4, clip_high: float = 4e-4, aggregate: Aggregation = seq_mean_token_mean):
         self.clip_low = clip_low
         self.clip_high = clip_high
@@ -181,6 +197,8 @@ class SAPOLoss(PolicyLoss):
     Metrics: pg_loss, ppo_kl.
     """
 
+    zero_advantage_rows_inert = True
+
     def __init__(self, tau_pos: float = 1.0, tau_neg: float = 1.05, aggregate: Aggregation = seq_mean_token_mean):
         self.tau_pos = tau_pos
         self.tau_neg = tau_neg
@@ -199,6 +217,8 @@ class REINFORCELoss(PolicyLoss):
     On-policy only (no ratio, no clip); value at any point is -A log p. Its gradient equals
     PPO's at r = 1. aggregate: aggregation function. Metrics: pg_loss, ppo_kl.
     """
+
+    zero_advantage_rows_inert = True
 
     def __init__(self, aggregate: Aggregation = token_mean):
         self.aggregate = aggregate
@@ -227,6 +247,8 @@ class CISPOLoss(PolicyLoss):
     Metrics: pg_loss, pg_clipfrac (weight clipped, either side), ppo_kl.
     """
 
+    zero_advantage_rows_inert = True
+
     def __init__(self, clip_low: float | None = None, clip_high: float = 0.2, aggregate: Aggregation = token_mean):
         self.clip_low = clip_low
         self.clip_high = clip_high
@@ -254,6 +276,8 @@ class GMPOLoss(PolicyLoss):
     rollout_is_weights are combined per sequence by their geometric mean.
     Metrics: pg_loss, pg_clipfrac (token log-ratio changed by the clip), ppo_kl.
     """
+
+    zero_advantage_rows_inert = True
 
     def __init__(self, clip_low: float = 0.4, clip_high: float = 0.4, aggregate: Aggregation = seq_mean_token_mean):
         self.clip_low = clip_low

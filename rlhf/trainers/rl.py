@@ -43,6 +43,7 @@ from rlhf.algos import (
     group_ids_from_uids,
     kl_k1,
     pf_ppo_resample,
+    zero_advantage_rows,
 )
 from rlhf.agents.partial import PartialRollouts
 from rlhf.algos.pf_ppo import Weighting
@@ -308,11 +309,12 @@ class RLTrainer:
         correcting = self.rollout_correction is not None
         # bypass mode without rejections trains against the engine's log-probs: no old-log-prob pass
         bypass = correcting and self.rollout_correction.bypass and not self.rollout_correction.rejections
+        live_rows_only = self._old_log_probs_for_live_rows_only(columns, correcting)
         if self.estimator_needs.token_statistics:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_token_stats(batch))
-        elif ((columns["old_log_probs"] or correcting) and not bypass) or self.kl_in_reward is not None \
-                or self.estimator_needs.old_log_probs:
+        elif (((columns["old_log_probs"] or correcting) and not bypass) or self.kl_in_reward is not None
+              or self.estimator_needs.old_log_probs) and not live_rows_only:
             with timed(timing, "old_log_prob"):
                 batch = batch.union(self.policy.compute_log_probs(batch))
         if columns["ref_log_probs"] or self.kl_in_reward is not None:
@@ -331,6 +333,9 @@ class RLTrainer:
         with timed(timing, "adv"):
             kl_metrics = self._rewards(batch)
             batch["advantages"], batch["returns"] = self.advantage(self._advantage_inputs(batch))
+        if live_rows_only:
+            with timed(timing, "old_log_prob"):
+                batch = batch.union(self._old_log_probs_of_live_rows(batch))
         pf_metrics = {}
         if self.pf_ppo is not None:
             batch, pf_metrics = self._pf_ppo_resample(batch, step)
@@ -416,6 +421,25 @@ class RLTrainer:
             batch["baseline_rewards"] = baseline.repeat_interleave(self.sampling.n)
             metrics["critic/baseline_score/mean"] = float(baseline.mean())
         return batch, metrics
+
+    def _old_log_probs_for_live_rows_only(self, columns: dict[str, bool], correcting: bool) -> bool:
+        """Whether the old log-probs are read by the policy's update alone, which leaves the rows whose advantages
+        are all 0 out: then they are computed after the advantages, for the other rows only. Not where anything
+        else reads them (rollout correction, a KL penalty in the reward, the estimator, distillation metrics) or
+        rows are resampled after the advantages (PF-PPO)."""
+        return (columns["old_log_probs"] and columns.get("zero_advantage_rows_left_out", False) and not correcting
+                and self.kl_in_reward is None and self.pf_ppo is None and not self.estimator_needs.old_log_probs
+                and not self.estimator_needs.token_statistics and not self.estimator_needs.teacher_log_probs)
+
+    def _old_log_probs_of_live_rows(self, batch: Batch) -> Batch:
+        """`old_log_probs` (B, R) of the rows with a nonzero advantage, 0 elsewhere (never read: the update
+        leaves those rows out, and a 0 there keeps any ratio finite)."""
+        live = ~zero_advantage_rows(batch["advantages"], batch["response_mask"])
+        old = torch.zeros(batch["responses"].shape, dtype=torch.float32)
+        if bool(live.any()):
+            rows = live.nonzero().squeeze(-1)
+            old[rows] = self.policy.compute_log_probs(batch.index(rows))["old_log_probs"].to(old.dtype)
+        return Batch({"old_log_probs": old})
 
     def _advantage_inputs(self, batch: Batch) -> AdvantageInputs:
         column = lambda key: batch[key] if key in batch else None  # noqa: E731

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from rlhf.algos import DecoupledPPO, KLLoss, PolicyLoss, PPOClipLoss, TopKForwardKL, token_mean
+from rlhf.algos import DecoupledPPO, KLLoss, PolicyLoss, PPOClipLoss, TopKForwardKL, token_mean, zero_advantage_rows
 from rlhf.algos.preference import DPOLoss, PairLogProbs, PreferenceLoss, preference_metrics
 from rlhf.batch import Batch
 
@@ -36,12 +36,31 @@ class PolicyObjective:
         # forward KL to the policy worker's teacher over its top-k tokens at each sampled position (GKD-style);
         # the worker computes both sides from full logits on the sampled sequence; None: off
         distill_loss: TopKForwardKL | None = None,
+        # leave rows whose advantages are all 0 out of the update's forward and backward where they add nothing to
+        # the loss or its gradient (`skips_inert_rows`); False: every row runs (e.g. `actor/entropy` over all rows)
+        skip_inert_rows: bool = True,
     ):
         self.policy_loss = policy_loss
         self.kl_loss = kl_loss
         self.entropy_coef = entropy_coef
         self.decoupled = decoupled
         self.distill_loss = distill_loss
+        self.skip_inert_rows = skip_inert_rows
+
+    @property
+    def skips_inert_rows(self) -> bool:
+        """Whether the update leaves out rows whose advantages are all 0. Exact: such a row's policy loss and its
+        gradient are 0 when the loss is row-wise in the advantage (`PolicyLoss.zero_advantage_rows_inert`) and no
+        KL, distillation or entropy term reads the row; the losses divide by the global token and sequence
+        counts of the whole mini-batch, left-out rows included, so the loss and the step are unchanged.
+        GRPO gives every row of a group whose samples scored alike a 0 advantage: on a task the model rarely
+        (or nearly always) solves, most of the batch."""
+        return (self.skip_inert_rows and self.kl_loss is None and self.distill_loss is None
+                and self.entropy_coef == 0.0 and self.policy_loss.zero_advantage_rows_inert)
+
+    def inert_rows(self, batch: Batch) -> torch.Tensor:
+        """(B,) bool: the rows whose advantages are 0 at every response token (see `skips_inert_rows`)."""
+        return zero_advantage_rows(batch["advantages"], batch["response_mask"])
 
     @property
     def needs_ref(self) -> bool:

@@ -360,7 +360,8 @@ class PolicyWorker(PublishesWeights):
             return loss, metrics
 
         # a loss over preference pairs needs both rows of a pair in one micro-batch
-        out = self.trainer.update(batch, micro_loss, whole_units=getattr(self.objective, "whole_units", False))
+        out = self.trainer.update(batch, micro_loss, whole_units=getattr(self.objective, "whole_units", False),
+                                  inert_rows=self.objective.inert_rows if self.plan.skip_inert_rows else None)
         out.update(gap.result(self.trainer))
         self.hybrid.weights_changed()
         out["timing_s/update_worker"] = time.perf_counter() - start
@@ -371,7 +372,8 @@ class PolicyWorker(PublishesWeights):
     @on_all_ranks
     def requirements(self) -> dict[str, bool]:
         """The columns the driver must add before `update`, keyed by their Batch names:
-        `old_log_probs`, `ref_log_probs`.
+        `old_log_probs`, `ref_log_probs`; and `zero_advantage_rows_left_out`: `update` leaves the rows whose
+        advantages are all 0 out (`PolicyObjective.skips_inert_rows`), so their old log-probs may be left 0.
 
         Old log-probs are skipped when provably on-policy (one epoch, one mini-batch): the
         update then uses the current log-probs, detached, as the old ones. Reference
@@ -381,7 +383,9 @@ class PolicyWorker(PublishesWeights):
         them itself (a KL penalty in the reward) calls `compute_ref_log_probs`.
         """
         off_policy = self.trainer.setup.epochs > 1 or self.trainer.setup.mini_batches > 1
-        return {"old_log_probs": self.objective is not None and off_policy, "ref_log_probs": False}
+        # rows whose advantages are all 0 are left out of the update: their old log-probs are never read
+        return {"old_log_probs": self.objective is not None and off_policy, "ref_log_probs": False,
+                "zero_advantage_rows_left_out": self.plan.skip_inert_rows}
 
     # ------------------------------------------------------------ state I/O
     @on_all_ranks

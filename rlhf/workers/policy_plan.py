@@ -66,6 +66,9 @@ class PolicyPlan:
     logits_block_elements: int | None  # float32 elements per log-prob block; None: per device
     teacher_model_path: Any = None  # a frozen teacher (on-policy distillation), stored like the reference; None: none
     teacher_top_k: int = 0  # tokens per position the teacher returns for a top-k loss of the objective; 0: none
+    # rows whose advantages are all 0 are left out of the update's forward and backward (the objective says they
+    # add nothing: `PolicyObjective.skips_inert_rows`)
+    skip_inert_rows: bool = False
 
     @property
     def compute_dtype(self) -> str:
@@ -137,4 +140,5 @@ def plan_policy(
         # place (one (B,T,V) tensor, where the model's own head allocates two); a GPU recomputes them
         keep_logits=not on_gpu, logits_block_elements=logits_block_elements,
         teacher_model_path=teacher_model_path, teacher_top_k=teacher_top_k,
+        skip_inert_rows=trained and getattr(objective, "skips_inert_rows", False) is True,
     )

@@ -163,7 +163,8 @@ class ModelTrainer:
         parts = [forward(micro.to(self.device)).cpu() for micro in split.parts]
         return restore_order(parts, split.order, batch["responses"].shape[1])
 
-    def update(self, batch: Batch, micro_loss: MicroLoss, whole_units: bool = False) -> dict[str, float]:
+    def update(self, batch: Batch, micro_loss: MicroLoss, whole_units: bool = False,
+               inert_rows: Callable[[Batch], torch.Tensor] | None = None) -> dict[str, float]:
         """Optimise `micro_loss` over this rank's shard; returns token-weighted mean metrics.
 
         Token and sequence counts come from the host copy of the batch and metrics are summed
@@ -171,6 +172,9 @@ class ModelTrainer:
         step and one transfer of all metrics at the end. No gradient outlives the call.
         `whole_units`: mini- and micro-batches never split a unit of rows (`micro_batches`): a loss
         over preference pairs needs the chosen and the rejected row of each pair together.
+        `inert_rows`: (B,) bool of a mini-batch, the rows that add nothing to `micro_loss` or its gradient; they
+        are left out of the forward and backward after the mini-batch's global counts are taken (so the loss is
+        unchanged). One is kept where all are: every rank runs a forward and the optimizer steps on zeros.
         """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.prefix} model was built without an optimizer (evaluation only)")
@@ -182,14 +186,20 @@ class ModelTrainer:
         minis = ([batch.index(c) for c in unit_chunks(batch, mini_size)] if whole_units and self.setup.mini_batches > 1
                  else batch.split(mini_size))
         grad_norms: list[float] = []
-        skipped = over_budget = micro_count = 0
+        skipped = over_budget = micro_count = left_out = 0
         for _ in range(self.setup.epochs):
             for mini in minis:
                 num_tokens = self.global_sum(float(mini["response_mask"].sum()))
                 num_seqs = self.global_sum(float(len(mini)))
+                if inert_rows is not None:
+                    rows = len(mini)
+                    mini = without_inert_rows(mini, inert_rows(mini))
+                    left_out += rows - len(mini)
                 self.optimizer.zero_grad(set_to_none=True)
                 split = self.micro_batches(mini, self.setup.max_tokens_per_micro_batch, whole_units)
                 micros, over_budget = split.parts, over_budget + split.over_budget
+                if inert_rows is not None and self.world_size > 1:  # ranks kept different numbers of rows
+                    micros = self._as_many_as_every_rank(micros)
                 for i, micro in enumerate(micros):
                     tokens = float(micro["response_mask"].sum())
                     with self._gradient_sync(last=i == len(micros) - 1):
@@ -221,9 +231,19 @@ class ModelTrainer:
         out[f"{self.prefix}/lr"] = self.optimizer.param_groups[0]["lr"]
         out[f"{self.prefix}/nonfinite_steps"] = float(skipped)
         out[f"{self.prefix}/micro_batches"] = float(micro_count)
+        if inert_rows is not None:  # share of the rows left out of the forward and backward
+            out[f"{self.prefix}/inert_rows_left_out"] = left_out / max(len(batch) * self.setup.epochs, 1)
         if self.setup.max_tokens_per_micro_batch is not None:  # rows wider than the budget, each run alone
             out[f"{self.prefix}/rows_over_token_budget"] = float(over_budget)
         return out
+
+    def _as_many_as_every_rank(self, micros: list[Batch]) -> list[Batch]:
+        """`micros` and, where another rank runs more, copies of one row with no response token (a loss and a
+        gradient of 0): FSDP's collectives need the same number of forwards and backwards on every rank."""
+        most = int(self.accelerator.gather(torch.tensor([len(micros)], device=self.device)).max())
+        blank = micros[0].index([0])
+        blank["response_mask"] = torch.zeros_like(blank["response_mask"])
+        return micros + [blank] * (most - len(micros))
 
     def _gradient_sync(self, last: bool) -> contextlib.AbstractContextManager:
         """DDP all-reduces only after the last micro-batch (its gradients are full replicas anyway).
@@ -283,6 +303,15 @@ class ModelTrainer:
     def parameters_finite(self) -> bool:
         """Whether this rank's parameters (its shards under FSDP) are all finite."""
         return all(torch.isfinite(local_tensor(p)).all() for p in self.unwrapped().parameters())
+
+
+def without_inert_rows(batch: Batch, inert: torch.Tensor) -> Batch:
+    """`batch` without the rows flagged in `inert` (B,) bool, in their order; where every row is inert, the one
+    with the fewest response tokens stays (a forward on each rank, and a gradient of exact zeros)."""
+    keep = ~inert.cpu()
+    if not bool(keep.any()):
+        keep[int(batch["response_mask"].sum(dim=-1).argmin())] = True
+    return batch if bool(keep.all()) else batch.index(keep.nonzero().squeeze(-1))
 
 
 def build_optimizer(factory: OptimizerFactory, params: list[torch.nn.Parameter]) -> torch.optim.Optimizer:

@@ -293,3 +293,33 @@ def test_ratio_one_gradients_agree_across_losses():
         x = lp.clone().requires_grad_(True)
         loss, _ = loss_obj(x, lp, A, mask)
         torch.testing.assert_close(_grad(loss, x), expected, msg=repr(loss_obj))
+
+
+@settings(max_examples=100)
+@given(cases(max_b=6), st.data())
+def test_rows_with_zero_advantages_add_nothing_where_a_loss_says_so(case, data):
+    """`zero_advantage_rows_inert`: leaving out the rows whose advantages are all 0 (the global counts kept)
+    gives the same loss, and those rows' gradient is exactly 0. Clip-Cov and KL-Cov do not say so: their token
+    selection reads the whole batch."""
+    lp, old, A = _inputs(case)
+    zero = torch.tensor(data.draw(st.lists(st.booleans(), min_size=case.B, max_size=case.B)))
+    A = torch.where(zero[:, None], 0.0, A)
+    kept = (~zero).nonzero().squeeze(-1)
+    n_tok, n_seq = count_tokens(case.mask), count_seqs(case.mask)
+    inert = [type(loss) for loss in _all_losses() if loss.zero_advantage_rows_inert]
+    assert ClipCovLoss not in inert and KLCovLoss not in inert and len(inert) == 8  # every other one says so
+    for loss_obj in _all_losses():
+        if not loss_obj.zero_advantage_rows_inert:
+            continue
+        x = lp.clone().requires_grad_(True)
+        full, _ = loss_obj(x, old, A, case.mask, num_tokens=n_tok, num_seqs=n_seq, max_new_tokens=case.T)
+        g = _grad(full, x)
+        assert (g[zero] == 0).all(), loss_obj
+        if len(kept):
+            y = lp[kept].clone().requires_grad_(True)
+            part, _ = loss_obj(y, old[kept], A[kept], case.mask[kept], num_tokens=n_tok, num_seqs=n_seq,
+                               max_new_tokens=case.T)
+            torch.testing.assert_close(part, full, msg=repr(loss_obj))
+            torch.testing.assert_close(_grad(part, y), g[kept], msg=repr(loss_obj))
+        else:
+            assert full == 0, loss_obj

@@ -39,6 +39,8 @@ def test_smoke_trains_and_validates_a_reasoning_gym_task_on_smollm2(smollm2_path
     # both rules of the alarm report at the final validation (the smoke run is too short to fire either)
     assert metrics[f"val-core/{SOURCE}/reward/mean@1/regressed"] in (0.0, 1.0)
     assert metrics[f"val-core/{SOURCE}/reward/mean@1/below_start"] in (0.0, 1.0)
+    assert metrics["train/num_gen_batches"] in (1.0, 2.0)  # a second round of prompts where the first lacked a signal
+    assert 0.0 <= metrics["actor/inert_rows_left_out"] <= 1.0
 
 
 def test_kl_coef_adds_a_k3_kl_to_the_instruct_model():
@@ -52,3 +54,17 @@ def test_kl_coef_adds_a_k3_kl_to_the_instruct_model():
     kl = on.stages["grpo"].policy.worker.objective.kl_loss
     assert (fdl.get_callable(kl), kl.estimator, kl.coef) == (KLLoss, kl_k3, 0.05)
     assert on.stages["grpo"].policy.worker.ref_model_path == on.stages["grpo"].policy.worker.model_path
+
+
+def test_sampling_rounds_screen_more_prompts_for_groups_with_a_signal():
+    from rlhf.algos import DynamicSamplingAccumulator
+
+    recipe = load_experiment("experiments/smollm2_tasks.py")
+    default, _ = build_graph(recipe, ['config:base(task="arithmetic")'])
+    one, _ = build_graph(recipe, ['config:base(task="arithmetic", sampling_rounds=1)'])
+    rounds = default.stages["grpo"].dynamic_sampling
+    assert (fdl.get_callable(rounds), rounds.max_attempts) == (DynamicSamplingAccumulator, 2)
+    assert one.stages["grpo"].dynamic_sampling is None
+    # no KL and no entropy bonus: rows of groups that scored alike are left out of the update
+    assert default.stages["grpo"].policy.worker.objective.kl_loss is None
+    assert fdl.build(default.stages["grpo"].policy.worker.objective).skips_inert_rows
