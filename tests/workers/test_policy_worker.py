@@ -75,7 +75,8 @@ def test_update_moves_log_probs_the_way_the_advantages_point():
     assert change[mask & (advantages > 0.5)].mean() > 0 > change[mask & (advantages < -0.5)].mean()
     for name in ["actor/pg_loss", "actor/pg_clipfrac", "actor/kl_loss", "actor/entropy", "actor/grad_norm"]:
         assert name in metrics, name
-    assert worker.requirements() == {"old_log_probs": False, "ref_log_probs": False}  # update computes ref log-probs itself
+    # update computes ref log-probs itself; with a KL loss every row is trained on
+    assert worker.requirements() == {"old_log_probs": False, "ref_log_probs": False, "zero_advantage_rows_left_out": False}
 
 
 def test_update_computes_missing_reference_log_probs_itself():
