@@ -24,13 +24,6 @@ each, but not the same five: one task's gain moves by up to 40 points between se
 - **Advantages without the group's std** (`GRPO(norm_by_std=False)`, as Dr. GRPO): divided by it, a group whose
   best answer earned only the 0.1 credit pushed as hard as one with a fully right answer, and SmolLM2 learnt to
   drop the form (letter_counting 50% -> 0% strict at temperature 1.0 with the std; 50% -> 60% without).
-- **Every update sees up to 8 questions with a signal** (`sampling_rounds=2`, DAPO's dynamic sampling): a group whose
-  8 samples all scored alike has a 0 advantage and no gradient, and where the base model is rarely right that is
-  most groups (5 of 8 on basic_arithmetic). With 8 prompts a step, an AdamW step (whose size hardly depends on the
-  gradient's) then followed one to three questions, and the runs' results spread widely between seeds (gcd +26.5
-  or -14.5). A second round of 8 prompts is drawn where the first left fewer than 8 groups with a signal; the
-  batch is filled up with groups without one, which the update leaves out (rlhf.workers.objectives: they add
-  nothing to the loss), so the second round costs its generation and the extra live rows' update only.
 - **The response budget leaves room for the model's own way of answering**: 64 new tokens, where SmolLM2's
   greedy answers on the panel's tasks have a p90 of about 10-20 (`rlhf probe`, docs/generate_and_eval.md); a task
   whose answers are longer needs `config:base(max_new_tokens=...)` from its probe. Sampled answers ramble longer,
@@ -40,7 +33,8 @@ each, but not the same five: one task's gain moves by up to 40 points between se
 
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8
-samples per step (up to 16 prompts screened), 10 steps.
+samples per step, 10 steps. Rows of groups whose samples scored alike cost nothing in the update (it leaves them
+out: docs/training_step.md).
 """
 
 from __future__ import annotations
@@ -117,10 +111,11 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
          model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 10, lr: float = 2e-5,
          max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2,
          temperature: float = 0.7, norm_by_std: bool = False, kl_coef: float = 0.0,
-         sampling_rounds: int = 2) -> fdl.Config[Experiment]:
+         sampling_rounds: int = 1) -> fdl.Config[Experiment]:
     """GRPO from the instruct model on `task` (module docstring): 8 prompts x 8 samples, `steps` steps.
     `kl_coef` > 0 adds a k3 KL-to-the-instruct-model loss (a frozen reference beside the actor); 0: none.
-    `sampling_rounds`: rounds of 8 prompts drawn per step until 8 groups have reward spread; 1: one round."""
+    `sampling_rounds` > 1: DAPO's dynamic sampling, up to that many rounds of 8 prompts per step until 8 groups have
+    reward spread (tried at 2 on the panel: no better, docs/bring_your_own_model.md); 1: one round."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
     strict, lenient = task_scorers(task, scorer)

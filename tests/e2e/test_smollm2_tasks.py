@@ -39,7 +39,6 @@ def test_smoke_trains_and_validates_a_reasoning_gym_task_on_smollm2(smollm2_path
     # both rules of the alarm report at the final validation (the smoke run is too short to fire either)
     assert metrics[f"val-core/{SOURCE}/reward/mean@1/regressed"] in (0.0, 1.0)
     assert metrics[f"val-core/{SOURCE}/reward/mean@1/below_start"] in (0.0, 1.0)
-    assert metrics["train/num_gen_batches"] in (1.0, 2.0)  # a second round of prompts where the first lacked a signal
     assert 0.0 <= metrics["actor/inert_rows_left_out"] <= 1.0
 
 
@@ -61,10 +60,10 @@ def test_sampling_rounds_screen_more_prompts_for_groups_with_a_signal():
 
     recipe = load_experiment("experiments/smollm2_tasks.py")
     default, _ = build_graph(recipe, ['config:base(task="arithmetic")'])
-    one, _ = build_graph(recipe, ['config:base(task="arithmetic", sampling_rounds=1)'])
-    rounds = default.stages["grpo"].dynamic_sampling
+    two, _ = build_graph(recipe, ['config:base(task="arithmetic", sampling_rounds=2)'])
+    rounds = two.stages["grpo"].dynamic_sampling
     assert (fdl.get_callable(rounds), rounds.max_attempts) == (DynamicSamplingAccumulator, 2)
-    assert one.stages["grpo"].dynamic_sampling is None
+    assert default.stages["grpo"].dynamic_sampling is None  # tried on the panel, no better: off by default
     # no KL and no entropy bonus: rows of groups that scored alike are left out of the update
     assert default.stages["grpo"].policy.worker.objective.kl_loss is None
     assert fdl.build(default.stages["grpo"].policy.worker.objective).skips_inert_rows
