@@ -336,7 +336,8 @@ class PolicyWorker(PublishesWeights):
         entropy_grad = getattr(self.objective, "needs_entropy_grad", False)
         unwrapped = self.trainer.unwrapped()
         fused = self.fused_lm_head and fusable_lm_head(unwrapped) is not None  # a hook added since construction
-        gap = RolloutGap(batch)
+        inert_rows = self.objective.inert_rows if self.plan.skip_inert_rows else None
+        gap = RolloutGap(batch, rows=None if inert_rows is None else ~inert_rows(batch))
 
         def micro_loss(micro: Batch, num_tokens: float, num_seqs: float):
             extra, own_top_k = {}, None
@@ -361,7 +362,7 @@ class PolicyWorker(PublishesWeights):
 
         # a loss over preference pairs needs both rows of a pair in one micro-batch
         out = self.trainer.update(batch, micro_loss, whole_units=getattr(self.objective, "whole_units", False),
-                                  inert_rows=self.objective.inert_rows if self.plan.skip_inert_rows else None)
+                                  inert_rows=inert_rows)
         out.update(gap.result(self.trainer))
         self.hybrid.weights_changed()
         out["timing_s/update_worker"] = time.perf_counter() - start

@@ -21,13 +21,16 @@ class RolloutGap:
     here first: the gap jumps from rounding noise (~1e-6 fp32, ~1e-2 bf16) to O(1).
     """
 
-    def __init__(self, batch: Batch):
+    def __init__(self, batch: Batch, rows: torch.Tensor | None = None):
+        """`rows`: (B,) bool, the rows the update trains on (the others' old log-probs may be left 0); None: all."""
         self.active = "rollout_log_probs" in batch
         self.from_old = self.active and "old_log_probs" in batch
         self.max = torch.zeros(())
         self.mean: float | None = None
         if self.from_old:
             mask = batch["response_mask"].bool()
+            if rows is not None:
+                mask = mask & rows[:, None]
             diff = (batch["old_log_probs"] - batch["rollout_log_probs"]).abs()[mask]
             self.mean = float(diff.mean()) if diff.numel() else 0.0
             self.max = diff.max() if diff.numel() else torch.zeros(())
