@@ -189,7 +189,8 @@ class StepRecorder:
         return False
 
 
-def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: str, shared_prefix: bool = True):
+def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: str, shared_prefix: bool = True,
+              compile: bool = False):
     import fiddle as fdl
     import torch
 
@@ -222,7 +223,8 @@ def our_graph(w: Workload, checkpoint: str, runtime: str, steps: int, out_dir: s
         ref_model_path=checkpoint if w.beta else None,
         objective=objective,
         optimizer=fdl.Partial(torch.optim.AdamW, lr=LR, weight_decay=ADAM_WEIGHT_DECAY),
-        training=fdl.Config(TrainingSetup, micro_batch_size=w.micro_rows, grad_clip=GRAD_CLIP, seed=SEED),
+        training=fdl.Config(TrainingSetup, micro_batch_size=w.micro_rows, grad_clip=GRAD_CLIP, seed=SEED,
+                            compile=compile),
     )
     rl = fdl.Config(
         RLTrainer,
@@ -270,7 +272,8 @@ def run_ours(w: Workload, checkpoint: str, framework: str, steps: int, t0: float
     out_dir = tempfile.mkdtemp(prefix="bench-ours-")
     try:
         runtime, _, variant = framework.partition("+")
-        graph = our_graph(w, checkpoint, runtime, steps, out_dir, shared_prefix=variant != "full")
+        graph = our_graph(w, checkpoint, runtime, steps, out_dir, shared_prefix=variant != "full",
+                          compile=variant == "compile")
         start = time.perf_counter()
         run_experiment(graph)
         end = time.perf_counter()

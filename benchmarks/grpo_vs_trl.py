@@ -55,8 +55,9 @@ from bench_peer import ratio_spread  # noqa: E402
 from bench_procs import load_average, machine_info, run_child  # noqa: E402
 from bench_workloads import SIZES, Workload  # noqa: E402
 
-FRAMEWORKS = ("trl", "ray", "local", "ray+full", "local+full")
-"""ray/local: rlhf as it is; +full: with shared_prefix=False (every row's prompt encoded again, as before that change)."""
+FRAMEWORKS = ("trl", "ray", "local", "ray+full", "local+full", "ray+compile", "local+compile")
+"""ray/local: rlhf as it is; +full: with shared_prefix=False (every row's prompt encoded again, as before that change);
++compile: with TrainingSetup(compile=True) (norms and MLPs compiled; the compile falls in the discarded first step)."""
 DEFAULT_WORKLOADS = (
     Workload("tiny", 8, 0.0),
     Workload("tiny", 8, 0.04),

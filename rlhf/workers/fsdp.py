@@ -91,11 +91,12 @@ def ensure_process_group() -> None:
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """The repeated blocks FSDP shards one by one: modules whose class a Hugging Face model names
-    in `_no_split_modules` (Qwen2DecoderLayer, LlamaDecoderLayer...), found through wrappers (PEFT)."""
+    in `_no_split_modules` (Qwen2DecoderLayer, LlamaDecoderLayer...), found through wrappers (PEFT)
+    and after sharding (`fully_shard` renames a class Qwen2DecoderLayer -> FSDPQwen2DecoderLayer)."""
     names: set[str] = set()
     for module in model.modules():
         names.update(getattr(module, "_no_split_modules", None) or ())
-    return [m for m in model.modules() if type(m).__name__ in names]
+    return [m for m in model.modules() if type(m).__name__.removeprefix("FSDP") in names]
 
 
 def shard_model(model: nn.Module, fsdp: FSDP, device: torch.device, param_dtype: torch.dtype | None) -> nn.Module:

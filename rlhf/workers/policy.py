@@ -114,12 +114,14 @@ class PolicyWorker(PublishesWeights):
         self.ref_is_base = self.plan.reference_is_base
         if self.plan.reference_model:
             ref = causal_lm_source(ref_model_path, compute_dtype)  # frozen: stored in the compute dtype
-            self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype)
+            self.ref_model = place_model(ref, self.trainer.strategy, self.trainer.device, compute_dtype,
+                                         compile=self.trainer.setup.compile)
             self.ref_model.eval().requires_grad_(False)
         self.teacher_model = None
         if self.plan.teacher_model:  # a sibling of the reference: frozen, in the compute dtype, sharded alike
             teacher = causal_lm_source(teacher_model_path, compute_dtype)
-            self.teacher_model = place_model(teacher, self.trainer.strategy, self.trainer.device, compute_dtype)
+            self.teacher_model = place_model(teacher, self.trainer.strategy, self.trainer.device, compute_dtype,
+                                             compile=self.trainer.setup.compile)
             self.teacher_model.eval().requires_grad_(False)
         self.engine = for_policy(self.plan.engine, model_path, self.trainer.unwrapped(), self.tokenizer,
                                  dtype=compute_dtype, device=self.trainer.device)

@@ -31,6 +31,7 @@ from rlhf.models.saving import save_model_folder
 from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.workers import state_io
 from rlhf.workers.accelerator import make_accelerator
+from rlhf.workers.compiling import compile_layer_parts
 from rlhf.workers.fsdp import (
     FSDP, Strategy, build_sharded, full_tensor, is_sharded, local_tensor, resolve_strategy, shard_model,
 )
@@ -63,6 +64,9 @@ class TrainingSetup:
     max_tokens_per_micro_batch: PositiveInt | None = None
     max_tokens_per_forward: PositiveInt | None = None  # no-grad forwards' budget (log_prob_max_token_len_per_gpu)
     gradient_checkpointing: bool = False  # recompute activations in backward: less memory, ~30% more compute
+    # torch.compile each decoder layer's norms and MLP (rlhf.workers.compiling): their element-wise ops fused;
+    # the first forward and backward pay the compile (about 15 s for SmolLM2 on one CPU thread)
+    compile: bool = False
     mini_batches: PositiveInt = 1  # optimizer steps per update call per epoch (PPO mini-batches)
     epochs: PositiveInt = 1  # passes over the batch per update call (PPO epochs)
     grad_clip: PositiveFloat | None = 1.0  # max global gradient norm; None: no clipping
@@ -101,7 +105,8 @@ class ModelTrainer:
         torch_dtype(setup.compute_dtype, "compute_dtype")
         self.skipped_steps = 0
         self.model = place_model(model, self.strategy, self.accelerator.device, setup.compute_dtype,
-                                 gradient_checkpointing=setup.gradient_checkpointing and optimizer is not None)
+                                 gradient_checkpointing=setup.gradient_checkpointing and optimizer is not None,
+                                 compile=setup.compile)
         self.rank = self.accelerator.process_index
         self.world_size = self.accelerator.num_processes
         self.optimizer = self.scheduler = None
@@ -347,9 +352,11 @@ except ImportError:
 def place_model(
     model: torch.nn.Module | ModelSource, strategy: Strategy, device: torch.device, compute_dtype: DType,
     gradient_checkpointing: bool = False,
+    compile: bool = False,
 ) -> torch.nn.Module:
     """`model` on this rank as `strategy` wants it: sharded by FSDP2 (from a source, its weights
     read by rank 0 only) or whole on the device (DDP wraps it later, with its optimizer).
+    `compile`: its decoder layers' norms and MLPs compiled in place (rlhf.workers.compiling).
 
     Under FSDP the layers compute in `compute_dtype` after all-gather while the shards keep the
     stored dtype (float32 masters for trained models) and gradients reduce in float32.
@@ -367,10 +374,12 @@ def place_model(
 
     if isinstance(strategy, FSDP) and isinstance(model, ModelSource):
         host = torch.device("cpu") if strategy.cpu_offload else None  # CPUOffloadPolicy keeps shards on the host
-        return build_sharded(model.load, model.skeleton, prepare, device, shard_device=host)
-    if isinstance(model, ModelSource):
-        model = model.load()
-    return prepare(model)
+        placed = build_sharded(model.load, model.skeleton, prepare, device, shard_device=host)
+    else:
+        placed = prepare(model.load() if isinstance(model, ModelSource) else model)
+    if compile:
+        compile_layer_parts(placed)
+    return placed
 
 
 def _enable_gradient_checkpointing(model: torch.nn.Module) -> None:

@@ -30,3 +30,13 @@ def test_overrides_accept_every_argument_of_the_workers_methods(wrapper):
     for name in overridden:
         arguments = _arguments(getattr(PolicyWorker, name))
         inspect.signature(inspect.unwrap(getattr(wrapper, name))).bind(None, **arguments)  # TypeError if one is refused
+
+
+def test_the_compile_variant_compiles_the_policy_and_the_others_do_not():
+    """`grpo_vs_trl.py --frameworks local+compile` reaches the policy's TrainingSetup (and only that variant)."""
+    from bench_workloads import Workload, our_graph
+
+    w = Workload("tiny", 8, 0.04)
+    knob = lambda g: g.stages["grpo"].policy.worker.training.compile  # noqa: E731
+    assert knob(our_graph(w, "/nonexistent", "local", 2, "/tmp/x", compile=True)) is True
+    assert knob(our_graph(w, "/nonexistent", "local", 2, "/tmp/x")) is False
