@@ -111,6 +111,21 @@ def group_plan(num_workers, **worker):
     )
 
 
+def updated_group(num_workers: int, batch, **worker) -> tuple[list[dict], list[dict]]:
+    """One update of a `group_plan(num_workers, **worker)` group on `batch`: each rank's metrics and parameters.
+    One worker runs on LocalRuntime; more run through Ray (two gloo processes), as FSDP ranks do."""
+    from rlhf.runtime.local import LocalRuntime
+    from rlhf.runtime.ray_runtime import RayRuntime
+
+    runtime = LocalRuntime() if num_workers == 1 else RayRuntime(num_cpus=num_workers)
+    try:
+        group = runtime.start_groups(group_plan(num_workers, **worker))["policy"]
+        metrics = group.update(batch)
+        return (metrics if isinstance(metrics, list) else [metrics]), group.parameters_digest()
+    finally:
+        runtime.shutdown()
+
+
 @functools.cache
 def vllm_model_path(seed: int = 0) -> str:
     """The tiny Qwen2 for vLLM tests: vLLM's CPU attention needs head_dim >= 32 (hidden 64, 2 heads, 1 KV head)."""

@@ -24,20 +24,11 @@ from torch import nn
 
 from rlhf.workers.fsdp import decoder_layers
 
-ATTENTION_ARGUMENTS = ("cache", "past_key_values", "past_key_value", "layer_past", "attention_mask",
-                       "position_embeddings")
-"""Forward parameters only an attention takes: the KV cache (transformers' names across versions), the mask, rotary."""
 
-
-def is_attention(module: nn.Module) -> bool:
-    """Whether `module`'s forward takes the KV cache, the attention mask or rotary embeddings: not compiled."""
-    return any(name in ATTENTION_ARGUMENTS for name in inspect.signature(module.forward).parameters)
-
-
-def _one_input(module: nn.Module) -> bool:
-    """Whether `module`'s forward takes one tensor and nothing an attention takes (a norm, an MLP)."""
-    parameters = inspect.signature(module.forward).parameters
-    return len(parameters) == 1 and not is_attention(module)
+def takes_one_tensor(module: nn.Module) -> bool:
+    """Whether `module`'s forward takes one argument (a norm, an MLP): an attention also takes the cache, the mask
+    and the rotary embeddings, so it never qualifies."""
+    return len(inspect.signature(module.forward).parameters) == 1
 
 
 def _on_rows(compiled):
@@ -48,12 +39,12 @@ def _on_rows(compiled):
         out = compiled(self, x.reshape(-1, x.shape[-1]))
         return out.view(*x.shape[:-1], out.shape[-1])
 
-    forward._torchdynamo_orig_callable = compiled  # is_compiled() reads it
+    forward.compiled_by_rlhf = True  # is_compiled() reads it
     return forward
 
 
 def compile_layer_parts(model: nn.Module) -> list[str]:
-    """Compile, in place, every direct child of each decoder layer whose forward takes no KV cache.
+    """Compile, in place, every direct child of each decoder layer whose forward takes one tensor (not the attention).
 
     Returns the compiled modules' names. Shapes are dynamic from the first call (sequence
     lengths and row counts change every step), so a new length does not compile again. Raises
@@ -69,7 +60,7 @@ def compile_layer_parts(model: nn.Module) -> list[str]:
     compiled = []
     for layer in layers:
         for part in layer.children():
-            if not _one_input(part) or not any(True for _ in part.parameters()) or is_compiled(part):
+            if not takes_one_tensor(part) or not any(True for _ in part.parameters()) or is_compiled(part):
                 continue  # attention (cache, mask), a parameter-free module (dropout), compiled already
             cls = type(part)
             if cls not in forwards:
@@ -82,7 +73,7 @@ def compile_layer_parts(model: nn.Module) -> list[str]:
 def is_compiled(module: nn.Module) -> bool:
     """Whether `module`'s forward was compiled in place by `compile_layer_parts`."""
     forward = module.__dict__.get("forward")
-    return isinstance(forward, types.MethodType) and hasattr(forward.__func__, "_torchdynamo_orig_callable")
+    return isinstance(forward, types.MethodType) and getattr(forward.__func__, "compiled_by_rlhf", False)
 
 
 def compiled_parts(model: nn.Module) -> list[str]:
@@ -90,4 +81,4 @@ def compiled_parts(model: nn.Module) -> list[str]:
     return [name for name, m in model.named_modules() if is_compiled(m)]
 
 
-__all__ = ["compile_layer_parts", "compiled_parts", "is_compiled", "is_attention"]
+__all__ = ["compile_layer_parts", "compiled_parts", "is_compiled", "takes_one_tensor"]

@@ -9,8 +9,8 @@ from rlhf.data.generators import arithmetic_rows
 from rlhf.data.prompts import PromptDataset
 from rlhf.models.loading import load_tokenizer
 from rlhf.rollout.sampling import SamplingParams
-from rlhf.workers.compiling import compile_layer_parts, compiled_parts, is_attention
-from helpers import grpo_worker, scored_rollout, tiny_model_path
+from rlhf.workers.compiling import compile_layer_parts, compiled_parts, takes_one_tensor
+from helpers import grpo_worker, scored_rollout, tiny_model_path, updated_group
 
 
 def _tiny_model():
@@ -26,7 +26,7 @@ def test_the_norms_and_mlp_of_every_layer_are_compiled_and_the_attention_is_not(
     assert compiled == compiled_parts(model)
     assert sorted(compiled) == sorted(f"model.layers.{i}.{part}" for i in range(2)
                                       for part in ("mlp", "input_layernorm", "post_attention_layernorm"))
-    assert is_attention(model.model.layers[0].self_attn) and not is_attention(model.model.layers[0].mlp)
+    assert takes_one_tensor(model.model.layers[0].mlp) and not takes_one_tensor(model.model.layers[0].self_attn)
     assert list(model.state_dict()) == names  # in place: checkpoints and weight syncs read the same names
 
 
@@ -65,23 +65,9 @@ def test_a_compiled_worker_takes_the_steps_and_generates_the_tokens_an_eager_one
 def test_two_compiled_fsdp_ranks_equal_one_eager_rank():
     """Under FSDP2 (two gloo processes through Ray) the compiled parts run between the layers' all-gathers:
     the step equals one eager rank's."""
-    from helpers import group_plan
-    from rlhf.runtime.local import LocalRuntime
-    from rlhf.runtime.ray_runtime import RayRuntime
-
     batch = scored_rollout(grpo_worker(), prompts=4, n=4)
-    local = LocalRuntime()
-    one = local.start_groups(group_plan(1, strategy="fsdp"))["policy"]
-    one.update(batch)
-    (expected,) = one.parameters_digest()
-    local.shutdown()
-    ray_runtime = RayRuntime(num_cpus=2)
-    try:
-        two = ray_runtime.start_groups(group_plan(2, strategy="fsdp", compile=True))["policy"]
-        two.update(batch)
-        rank0, rank1 = two.parameters_digest()
-    finally:
-        ray_runtime.shutdown()
+    _, (expected,) = updated_group(1, batch, strategy="fsdp")
+    _, (rank0, rank1) = updated_group(2, batch, strategy="fsdp", compile=True)
     for k in expected:
         torch.testing.assert_close(rank0[k], rank1[k], rtol=0, atol=0)
         torch.testing.assert_close(rank0[k], expected[k], rtol=1e-4, atol=1e-5)

@@ -8,7 +8,7 @@ from rlhf.algos import ClipCovLoss, KLLoss, PPOClipLoss, kl_k3
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.policy import PolicyWorker
 from rlhf.workers.training import TrainingSetup, without_inert_rows
-from helpers import scored_rollout, tiny_model_path
+from helpers import scored_rollout, tiny_model_path, updated_group
 
 # SGD with momentum: the update is a function of the gradients, so equal parameters mean equal gradients, and a
 # step on a mini-batch with no live row still moves the weights (momentum) - on both paths alike
@@ -95,24 +95,10 @@ def test_two_fsdp_ranks_that_keep_different_rows_equal_one_rank():
     one rank's."""
     import fiddle as fdl
 
-    from helpers import group_plan
-    from rlhf.runtime.local import LocalRuntime
-    from rlhf.runtime.ray_runtime import RayRuntime
-
     objective = fdl.Config(PolicyObjective, policy_loss=fdl.Config(PPOClipLoss))
     batch = _with_dead_groups(scored_rollout(_worker(False), prompts=4, n=4), 4, dead=[0, 1, 3])
-    local = LocalRuntime()
-    one = local.start_groups(group_plan(1, strategy="fsdp", objective=objective))["policy"]
-    one.update(batch)
-    (expected,) = one.parameters_digest()
-    local.shutdown()
-    ray_runtime = RayRuntime(num_cpus=2)
-    try:
-        two = ray_runtime.start_groups(group_plan(2, strategy="fsdp", objective=objective))["policy"]
-        metrics = two.update(batch)
-        rank0, rank1 = two.parameters_digest()
-    finally:
-        ray_runtime.shutdown()
+    _, (expected,) = updated_group(1, batch, strategy="fsdp", objective=objective)
+    metrics, (rank0, rank1) = updated_group(2, batch, strategy="fsdp", objective=objective)
     assert sorted(m["actor/inert_rows_left_out"] for m in metrics) == [0.5, 0.875]
     assert metrics[0]["actor/micro_batches"] == metrics[1]["actor/micro_batches"] == 2  # 4 live rows, 3 a micro-batch
     for k in expected:
