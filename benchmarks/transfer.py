@@ -157,7 +157,10 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
                        "groups_with_variance": int(p["dynamic_sampling/groups_with_variance"])}
                       if "train/num_gen_batches" in p else {})}
                   for p in CurveTracker.curve if "critic/score/mean" in p],
-        "validations": [{"step": p["step"], "accuracy": round(p[strict], 4), "lenient": round(p.get(lenient, 0), 4)}
+        "validations": [{"step": p["step"], "accuracy": round(p[strict], 4), "lenient": round(p.get(lenient, 0), 4),
+                         **{name: round(p[f"val-aux/{source}/answers/{name}"], 4)
+                            for name in ("top_share", "truth_top_share", "distinct")
+                            if f"val-aux/{source}/answers/{name}" in p}}
                         for p in validations],
     }
 
