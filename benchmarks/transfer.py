@@ -144,6 +144,9 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
         "base_lenient": round(base[lenient], 4), "trained_lenient": round(trained[lenient], 4),
         "ci95": wilson(trained[strict], rows or 200),
         "gain": round(trained[strict] - base[strict], 4),
+        # the final evaluation gave one answer to nearly every question (rlhf.trainers.heldout_watch): its gain
+        # is the most common answer's share, not the task learnt
+        "collapsed": bool(validations[-1].get(f"val-aux/{source}/answers/collapsed", 0.0)),
         "train_minutes": round(train_s / 60, 2), "wall_minutes": round(wall / 60, 2),
         "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
         "curve": [{"step": p["step"], "score": round(p["critic/score/mean"], 4),
@@ -159,7 +162,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
                   for p in CurveTracker.curve if "critic/score/mean" in p],
         "validations": [{"step": p["step"], "accuracy": round(p[strict], 4), "lenient": round(p.get(lenient, 0), 4),
                          **{name: round(p[f"val-aux/{source}/answers/{name}"], 4)
-                            for name in ("top_share", "truth_top_share", "distinct")
+                            for name in ("top_share", "truth_top_share", "distinct", "collapsed")
                             if f"val-aux/{source}/answers/{name}" in p}}
                         for p in validations],
     }
@@ -206,7 +209,10 @@ def verdict(rows: list[dict]) -> dict:
     return {
         "tasks_run": len(ok), "tasks_failed": len(rows) - len(ok),
         "mean_gain": round(sum(gains) / len(gains), 4) if gains else None,
-        "every_task_gains_10_points": bool(ok) and all(g >= TARGETS["min_gain"] for g in gains),
+        # a collapsed task (one answer to nearly every question) has not learnt the task, whatever its gain
+        "every_task_gains_10_points": bool(ok) and all(r["gain"] >= TARGETS["min_gain"] and not r.get("collapsed")
+                                                       for r in ok),
+        "collapsed_tasks": [r["task"] for r in ok if r.get("collapsed")],
         "none_below_base_lenient": bool(ok) and all(r["trained_accuracy"] >= r["base_lenient"] for r in ok),
         "mean_gain_15_points": bool(gains) and sum(gains) / len(gains) >= TARGETS["mean_gain"],
     }

@@ -151,11 +151,13 @@ def probe_experiment(
     max_new_tokens: int = 512, batch_size: int | None = None, max_prompt_length: int = 1024, workers: int = 1,
     gpus_per_worker: float = 0, dtype: str = "float32", local: bool = False, aim_repo: str | None = None,
     progress: bool = True, engine: str = "auto", limit: int | None = None, scorer: Scorer | None = None,
-    scorers: dict[str, Scorer] | None = None, max_cut: float = 0.05,
+    scorers: dict[str, Scorer] | None = None, max_cut: float = 0.05, samples: int = 0, temperature: float = 0.7,
+    samples_max_new_tokens: int | None = None,
 ):
     """`rlhf probe`: a ProbeJob over (the first `limit` rows of) `model` x `data`, greedy, one response per row,
     generated into `<out without .json>.generations.jsonl` (resumable) and scored as `rlhf eval` scores; the
-    report goes to `out` (None: the stage folder's probe.json)."""
+    report goes to `out` (None: the stage folder's probe.json). `samples` > 0: that many more per row at
+    `temperature` (into `<out without .json>.samples.jsonl`), for pass@k and GRPO's signal."""
     generations = None if out is None else str(Path(out).with_suffix("")) + ".generations.jsonl"
     generation = generation_stage(
         model, data, generations, n=1, temperature=0.0, top_p=1.0, max_new_tokens=max_new_tokens,
@@ -164,5 +166,6 @@ def probe_experiment(
         limit=limit, kind="prompt",
     )
     stage = fdl.Config(ProbeJob, generation=generation, reward=reward_manager(scorer, scorers),
-                       budgets=tuple(budgets), out=out, max_cut=max_cut)
+                       budgets=tuple(budgets), out=out, max_cut=max_cut, samples=samples, temperature=temperature,
+                       samples_max_new_tokens=samples_max_new_tokens)
     return one_stage_experiment("probe", stage, local=local, aim_repo=aim_repo, progress=progress)

@@ -227,9 +227,17 @@ def eval_main(argv: Sequence[str]) -> int:
 
 def probe_graph(argv: Sequence[str]):
     """(the graph `rlhf probe ARGV` runs, the parsed flags, the scorers), as `generate_graph`."""
-    p, flags = _sampling_parser("rlhf probe", "probe_experiment", sampling=False, more=lambda d: (GraphFlag(
-        "--budgets", ("stages.probe.budgets",), "comma-separated max_new_tokens values: the share of responses each "
-        "would cut", ",".join(map(str, d["budgets"])), _ints),))
+    p, flags = _sampling_parser("rlhf probe", "probe_experiment", sampling=False, more=lambda d: (
+        GraphFlag("--budgets", ("stages.probe.budgets",), "comma-separated max_new_tokens values: the share of "
+                  "responses each would cut", ",".join(map(str, d["budgets"])), _ints),
+        GraphFlag("--samples", ("stages.probe.samples",), "K: also sample K responses per row at --temperature and "
+                  "report pass@K and the share of rows whose samples score differently (what GRPO learns from); 0: "
+                  "greedy only", d["samples"], _number(int, 0)),
+        GraphFlag("--temperature", ("stages.probe.temperature",), "the sampled responses' temperature (training's)",
+                  d["temperature"], _number(float, 0, low_open=True)),
+        GraphFlag("--samples-max-new-tokens", ("stages.probe.samples_max_new_tokens",), "the sampled responses' "
+                  "length limit (training's budget); None: --max-new-tokens", d["samples_max_new_tokens"], POSITIVE),
+    ))
     p.add_argument("model", help="model folder (e.g. a checkpoint .../final) or hub id")
     p.add_argument("--out", default=None, help="the JSON report (the generations go beside it, "
                    "<name>.generations.jsonl, resumable); None: outputs/probe/<time>/probe/probe.json")

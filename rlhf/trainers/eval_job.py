@@ -96,11 +96,16 @@ def score_generations(
     """Each row's response scores (scored in one reward call, by data_source), and the reward's metrics
     (`reward_generations`)."""
     out = reward_generations(rows, reward, max_new_tokens)
-    scores, start = [], 0
+    return per_row(rows, out.scores), dict(out.metrics)
+
+
+def per_row(rows: Sequence[Mapping], flat: Sequence[Any]) -> list[list[Any]]:
+    """`flat` values (one per response, row after row, as `reward_generations` scores them), one list per row."""
+    out, start = [], 0
     for row in rows:
-        scores.append(out.scores[start : start + len(row["responses"])])
+        out.append(list(flat[start : start + len(row["responses"])]))
         start += len(row["responses"])
-    return scores, dict(out.metrics)
+    return out
 
 
 def evaluate_scores(

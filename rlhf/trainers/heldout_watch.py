@@ -23,6 +23,19 @@ evaluations after training began all lie more than `margin` below the first eval
 
 The margin (0.05 by default) keeps the noise of one greedy evaluation of a few hundred rows from firing it;
 requiring K evaluations keeps a dip while the policy learns a format from firing it.
+
+**One answer to every question.** A reward that pays only for right answers can also be raised by answering
+every question with the most common right answer: where "1" is right for 60% of the questions, a policy that
+always says "1" scores 60%, above a base model's 50%, and the held-out score rises with the training score, so
+neither rule above fires. The evaluator reports how spread out each source's held-out answers are
+(`val-aux/<source>/answers/top_share`, the share giving the most common answer, beside `truth_top_share`, the
+share of rows whose right answer is the most common one). An evaluation after training began *collapsed* for a
+source when
+
+    top_share >= collapse > truth_top_share        (collapse: 0.9 by default)
+
+i.e. nearly every held-out question got the same answer although their right answers differ: the policy has
+learnt the most common answer, not the task, and its held-out score is capped at `truth_top_share`.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ from rlhf.ranges import PositiveInt
 
 GAMED_REWARD_DOC = "docs/debugging.md#the-held-out-score-falls-while-the-training-score-rises"
 BELOW_START_DOC = "docs/debugging.md#the-held-out-score-stays-below-its-start"
+COLLAPSE_DOC = "docs/debugging.md#every-question-gets-the-same-answer"
+SPREAD_PREFIX, TOP_SHARE, TRUTH_TOP_SHARE = "val-aux/", "/answers/top_share", "/answers/truth_top_share"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +102,37 @@ class BelowStart:
         )
 
 
+@dataclasses.dataclass(frozen=True)
+class Collapse:
+    """One source's held-out answers at an evaluation after training began: nearly all the same, where the right
+    answers differ."""
+
+    source: str
+    step: int
+    top_share: float
+    truth_top_share: float
+
+    def warning(self) -> str:
+        return (
+            f"warning: at step {self.step} the policy gives one answer to {self.top_share:.0%} of the held-out "
+            f"{self.source} questions (val-aux/{self.source}/answers/top_share), whose right answers agree only "
+            f"{self.truth_top_share:.0%} of the time (truth_top_share): it has learnt the most common answer, not "
+            f"the task, and its held-out score cannot pass {self.truth_top_share:.0%} that way ({COLLAPSE_DOC})"
+        )
+
+
+def collapses(step: int, metrics: dict[str, float], collapse: float) -> dict[str, Collapse | None]:
+    """Each source whose evaluation reports its answers' spread: its collapse (module docstring), or None."""
+    found: dict[str, Collapse | None] = {}
+    for key, top in sorted(metrics.items()):
+        if key.startswith(SPREAD_PREFIX) and key.endswith(TOP_SHARE):
+            source = key[len(SPREAD_PREFIX):-len(TOP_SHARE)]
+            truth = metrics.get(f"{SPREAD_PREFIX}{source}{TRUTH_TOP_SHARE}")
+            hit = truth is not None and top >= collapse > truth
+            found[source] = Collapse(source, step, float(top), float(truth)) if hit else None
+    return found
+
+
 def regressed(before: Evaluation, now: Evaluation) -> bool:
     """Whether the held-out score fell from `before` to `now` while the training score rose."""
     if before.train is None or now.train is None:
@@ -103,6 +149,7 @@ class RegressionAlarm:
         self,
         evaluations: PositiveInt = 2,  # K: regressed (or below-start) evaluations in a row before it warns
         margin: float | None = 0.05,  # how far below the first evaluation (metric units) is below the start; None: off
+        collapse: float | None = 0.9,  # top_share at or above it (and above truth_top_share) is a collapse; None: off
     ):
         if evaluations < 1:
             raise ValueError(f"RegressionAlarm: evaluations must be >= 1 (regressed evaluations in a row), "
@@ -110,8 +157,12 @@ class RegressionAlarm:
         if margin is not None and not margin >= 0:
             raise ValueError(f"RegressionAlarm: margin must be >= 0 (a drop of the held-out score below its first "
                              f"evaluation, in the metric's units), or None to turn the below-start rule off; got {margin}")
+        if collapse is not None and not 0 < collapse <= 1:
+            raise ValueError(f"RegressionAlarm: collapse must be in (0, 1] (the share of held-out questions given one "
+                             f"answer that counts as a collapse), or None to turn that rule off; got {collapse}")
         self.evaluations = evaluations
         self.margin = margin
+        self.collapse = collapse
         self.history: list[Evaluation] = []
         self.streak = 0  # regressed evaluations in a row up to the last one
 
@@ -200,8 +251,8 @@ class HeldoutWatch:
         self.train.add(train_score)
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> Verdict:
-        """Feed an evaluation's metrics; `<metric>/regressed` and `<metric>/below_start` (1/0) are logged when
-        the alarm is on."""
+        """Feed an evaluation's metrics; `<metric>/regressed`, `<metric>/below_start` and, after training began,
+        `val-aux/<source>/answers/collapsed` (1/0) are logged when the alarm is on."""
         if self.metric not in metrics:
             core = sorted(k for k in metrics if k.startswith("val-core/"))
             raise ValueError(
@@ -215,11 +266,14 @@ class HeldoutWatch:
             return Verdict({}, new_best, None)
         regression = self.alarm.update(self.metric, Evaluation(step, train, score))
         below = self.alarm.below_start(self.metric)
-        metrics = {f"{self.metric}/regressed": float(regression is not None)}
+        found = collapses(step, metrics, self.alarm.collapse) if self.alarm.collapse is not None and train is not None \
+            else {}
+        logged = {f"{self.metric}/regressed": float(regression is not None)}
         if self.alarm.margin is not None:
-            metrics[f"{self.metric}/below_start"] = float(below is not None)
-        warnings = [finding.warning() for finding in (regression, below) if finding is not None]
-        return Verdict(metrics, new_best, "\n".join(warnings) or None)
+            logged[f"{self.metric}/below_start"] = float(below is not None)
+        logged.update({f"{SPREAD_PREFIX}{source}/answers/collapsed": float(c is not None) for source, c in found.items()})
+        warnings = [finding.warning() for finding in (regression, below, *found.values()) if finding is not None]
+        return Verdict(logged, new_best, "\n".join(warnings) or None)
 
     def result(self) -> dict:
         """The best evaluation, for the stage's result (empty before any evaluation)."""

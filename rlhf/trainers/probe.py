@@ -16,10 +16,23 @@ and reports
 
 Responses that reached the probe's own `max_new_tokens` have an unknown true length: a budget at or
 above it is then only a lower bound on what it cuts (`lower_bound`), and it is never recommended.
+
+With `samples` = K > 0 it also samples K responses per row at the training temperature and reports
+what GRPO could learn from (`samples_report`): GRPO learns only from a group whose samples score
+differently, and by reweighting what the model already samples, so
+
+    accuracy           share of sampled responses with score >= 1
+    pass_at_k          share of rows with at least one of the K right: what sampling reaches
+    signal_share       share of rows whose K samples do not all score alike (a group with a signal)
+    right_and_wrong    share of rows with at least one right and one wrong sample
+
+A task where few rows have a signal gives a GRPO step of P prompts about P x signal_share groups
+to learn from; one whose pass@K is near the greedy accuracy has little for it to reweight.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -30,7 +43,8 @@ import numpy as np
 from rlhf.data.files import read_rows
 from rlhf.rewards.manager import Reward
 from rlhf.trainers.context import StageContext
-from rlhf.trainers.eval_job import reward_generations, write_json
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
+from rlhf.trainers.eval_job import per_row, reward_generations, write_json
 from rlhf.trainers.generate import GenerationStage
 
 REPORT_FILE = "probe.json"
@@ -91,6 +105,28 @@ def probe_report(
     }
 
 
+def samples_report(scores: Sequence[Sequence[float]], temperature: float, max_new_tokens: int,
+                   lenient: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
+    """What GRPO could learn from (module docstring), from each row's K sample scores (right: score >= 1) and,
+    where the scorer reports them, their lenient scores (right format aside: `lenient_pass_at_k`,
+    `lenient_right_and_wrong`, for a reward that pays something for a right answer in another form)."""
+    if not scores or not all(scores):
+        raise ValueError("samples_report: every row needs at least one sampled score")
+    right = [[s >= 1.0 for s in row] for row in scores]
+    report = {
+        "k": len(scores[0]), "temperature": temperature, "max_new_tokens": max_new_tokens, "rows": len(scores),
+        "accuracy": sum(map(sum, right)) / sum(map(len, right)),
+        "pass_at_k": sum(any(r) for r in right) / len(right),
+        "signal_share": sum(max(row) != min(row) for row in scores) / len(scores),
+        "right_and_wrong": sum(any(r) and not all(r) for r in right) / len(right),
+    }
+    if lenient is not None:
+        loose = [[s >= 1.0 for s in row] for row in lenient]
+        report["lenient_pass_at_k"] = sum(any(r) for r in loose) / len(loose)
+        report["lenient_right_and_wrong"] = sum(any(r) and not all(r) for r in loose) / len(loose)
+    return report
+
+
 def format_report(report: Mapping[str, Any]) -> str:
     """The report as a few lines for the terminal."""
     length, fmt = report["length"], report["format_rate"]
@@ -105,6 +141,19 @@ def format_report(report: Mapping[str, Any]) -> str:
         *(f"{row['budget']:>6}  {row['cut']:.1%}{' or more' if row['lower_bound'] else ''}" for row in report["budgets"]),
         f"recommendation: {report['recommendation']}",
     ]
+    sampled = report.get("samples")
+    if sampled:
+        lines += [
+            f"sampled: {sampled['k']} per row at temperature {sampled['temperature']:g}, max_new_tokens "
+            f"{sampled['max_new_tokens']}: accuracy {sampled['accuracy']:.1%}, pass@{sampled['k']} "
+            f"{sampled['pass_at_k']:.1%}",
+            f"GRPO signal: {sampled['signal_share']:.1%} of rows have samples that score differently "
+            f"({sampled['right_and_wrong']:.1%} both right and wrong); a step of 8 prompts has about "
+            f"{8 * sampled['signal_share']:.1f} groups to learn from",
+        ]
+        if "lenient_pass_at_k" in sampled:
+            lines.append(f"format aside: pass@{sampled['k']} {sampled['lenient_pass_at_k']:.1%}, "
+                         f"{sampled['lenient_right_and_wrong']:.1%} of rows both right and wrong")
     return "\n".join(lines)
 
 
@@ -118,6 +167,9 @@ class ProbeJob:
         budgets: Sequence[int] = (16, 32, 64, 128, 256),  # the max_new_tokens values to judge
         out: str | None = None,  # the JSON report; None: <stage out_dir>/probe.json
         max_cut: float = 0.05,  # the share of cut responses the recommended budget may leave
+        samples: NonNegativeInt = 0,  # K responses per row sampled at `temperature` as well (samples_report); 0: none
+        temperature: PositiveFloat = 0.7,  # the sampled responses' temperature: the one training will sample at
+        samples_max_new_tokens: PositiveInt | None = None,  # their limit (training's budget); None: the greedy one's
     ):
         if generation.sampling.n != 1:
             raise ValueError(f"ProbeJob: the generation must give one response per row, got n={generation.sampling.n}")
@@ -128,6 +180,19 @@ class ProbeJob:
         self.budgets = tuple(sorted({int(b) for b in budgets}))
         self.out = out
         self.max_cut = max_cut
+        self.samples = samples
+        self.temperature = temperature
+        self.samples_max_new_tokens = samples_max_new_tokens
+
+    def sampled(self, report_path: Path) -> GenerationStage:
+        """The greedy generation's twin (the same workers and rows) that samples `samples` per row, into
+        `<report>.samples.jsonl` (resumable, like the greedy one)."""
+        stage = copy.copy(self.generation)
+        stage.sampling = dataclasses.replace(
+            self.generation.sampling, n=self.samples, temperature=self.temperature,
+            max_new_tokens=self.samples_max_new_tokens or self.generation.sampling.max_new_tokens)
+        stage.output = str(report_path.with_suffix("")) + ".samples.jsonl"
+        return stage
 
     def run(self, ctx: StageContext) -> dict:
         report_path = Path(self.out) if self.out is not None else ctx.out_dir / REPORT_FILE
@@ -138,9 +203,23 @@ class ProbeJob:
         out = reward_generations(rows, self.reward, max_new_tokens=limit)
         report = {"model": self.generation.model, "generations": generated["generations"],
                   **probe_report(rows, out.scores, out.extras, self.budgets, limit, self.max_cut)}
-        write_json(report_path, report)
         metrics = {f"probe/{key}": float(report[key]) for key in ("strict_accuracy", "lenient_accuracy", "at_limit")}
         metrics.update({f"probe/length/{key}": float(v) for key, v in report["length"].items()})
+        if self.samples:
+            stage = self.sampled(report_path)
+            sampled = stage.run(dataclasses.replace(ctx, out_dir=report_path.parent))
+            sampled_rows = read_rows(sampled["generations"])[0]
+            scored = reward_generations(sampled_rows, self.reward, max_new_tokens=stage.sampling.max_new_tokens)
+            lenient = None
+            if "lenient" in scored.extras:  # a row whose scorer reports none counts its strict score
+                lenient = per_row(sampled_rows, [s if v is None else float(v)
+                                                 for s, v in zip(scored.scores, scored.extras["lenient"])])
+            report["samples"] = {"generations": sampled["generations"],
+                                 **samples_report(per_row(sampled_rows, scored.scores), self.temperature,
+                                                  stage.sampling.max_new_tokens, lenient)}
+            metrics.update({f"probe/samples/{key}": float(report["samples"][key])
+                            for key in ("accuracy", "pass_at_k", "signal_share", "right_and_wrong")})
+        write_json(report_path, report)
         ctx.log(metrics, 0)
         print(format_report(report) + f"\nreport: {report_path}")
         return {"report": str(report_path), "metrics": metrics, "generations": generated["generations"]}

@@ -37,6 +37,9 @@ def test_verdict_checks_each_target_separately():
     assert below["every_task_gains_10_points"] and not below["none_below_base_lenient"]
     small = transfer.verdict([row(0.0, 0.05, 0.0), row(0.0, 0.5, 0.0)])
     assert not small["every_task_gains_10_points"] and small["mean_gain_15_points"]
+    collapsed = transfer.verdict([row(0.0, 0.3, 0.2), {**row(0.5, 0.6, 0.5), "task": "letters", "collapsed": True}])
+    assert not collapsed["every_task_gains_10_points"] and collapsed["collapsed_tasks"] == ["letters"]
+    assert good["collapsed_tasks"] == []
     failed = transfer.verdict([{"task": "x", "error": ["boom"]}])
     assert failed["tasks_failed"] == 1 and not failed["every_task_gains_10_points"]
 

@@ -135,6 +135,11 @@ def by_truth(response, ground_truth, extra_info=None):
     answer is even, leniently right also when it ends in 1 or 3; "format" when it ends in 0."""
     last = int(ground_truth) % 10
     return {"score": float(last % 2 == 0), "lenient": float(last % 2 == 0 or last in (1, 3)), "format": float(last == 0)}
+
+
+def by_random_text(response, ground_truth, extra_info=None):
+    """Right when the response's text has an even length: the tiny model's samples split on it."""
+    return {"score": float(len(response) % 2 == 0), "lenient": float(len(response) % 3 == 0)}
 '''
 
 
@@ -169,6 +174,37 @@ def test_rlhf_probe_reports_accuracy_lengths_and_budget_cuts_from_its_generation
     assert f"recommendation: {report['recommendation']}" in printed
 
 
+def test_rlhf_probe_samples_report_pass_at_k_and_the_grpo_signal_of_its_sample_file(tmp_path, monkeypatch, capsys):
+    (tmp_path / "probe_rewards.py").write_text(PROBE_SCORER)
+    monkeypatch.chdir(tmp_path)
+    data = str(write_rows(arithmetic_rows(12, split="test"), tmp_path / "sums.parquet"))
+    out = tmp_path / "probe" / "report.json"
+    assert main(["probe", tiny_model_path(), "--data", data, "--limit", "6", "--max-new-tokens", "12", "--budgets",
+                 "4", "--samples", "4", "--temperature", "1.0", "--samples-max-new-tokens", "6", "--scorer",
+                 "probe_rewards:by_random_text", "--local", "--quiet", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    path = tmp_path / "probe" / "report.samples.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert report["samples"]["generations"] == str(path) and len(rows) == 6
+    settings = rows[0]["generation_settings"]
+    assert (settings["n"], settings["temperature"], settings["max_new_tokens"]) == (4, 1.0, 6)
+    assert all(len(r["responses"]) == 4 and max(r["response_lengths"]) <= 6 for r in rows)
+    import probe_rewards
+
+    right = [[probe_rewards.by_random_text(text, None)["score"] >= 1 for text in r["responses"]] for r in rows]
+    loose = [[probe_rewards.by_random_text(text, None)["lenient"] >= 1 for text in r["responses"]] for r in rows]
+    assert report["samples"]["lenient_pass_at_k"] == sum(map(any, loose)) / 6
+    assert report["samples"]["lenient_right_and_wrong"] == sum(any(r) and not all(r) for r in loose) / 6
+    assert report["samples"]["accuracy"] == sum(map(sum, right)) / 24
+    assert report["samples"]["pass_at_k"] == sum(map(any, right)) / 6
+    assert report["samples"]["right_and_wrong"] == sum(any(r) and not all(r) for r in right) / 6
+    assert 0 < report["samples"]["right_and_wrong"]  # the scorer splits a row's samples: the check can fail
+    assert f"pass@4 {report['samples']['pass_at_k']:.1%}" in printed and "GRPO signal: " in printed
+    assert len(json.loads((tmp_path / "probe" / "report.generations.jsonl").read_text().splitlines()[0])
+               ["responses"]) == 1  # the greedy pass is unchanged beside it
+
+
 @pytest.mark.skipif(importlib.util.find_spec("reasoning_gym") is None, reason="reasoning-gym is not installed")
 def test_rlhf_probe_scores_reasoning_gym_rows_with_the_default_scorers(tmp_path, capsys):
     from rlhf.data.reasoning_gym import reasoning_gym_rows
@@ -181,3 +217,7 @@ def test_rlhf_probe_scores_reasoning_gym_rows_with_the_default_scorers(tmp_path,
     assert report["by_source"]["reasoning_gym/leg_counting"]["rows"] == 3
     line = fails(["probe", MISSING_MODEL, "--data", data, "--budgets", "8,x"], capsys)
     assert "argument --budgets: expected comma-separated integers, got '8,x'" in line
+    assert "argument --samples: must be >= 0, got -1" in fails(["probe", MISSING_MODEL, "--data", data, "--samples",
+                                                                "-1"], capsys)
+    assert "argument --temperature: must be > 0, got 0" in fails(["probe", MISSING_MODEL, "--data", data,
+                                                                  "--temperature", "0"], capsys)

@@ -78,6 +78,11 @@ def test_eval_and_probe_flags_are_their_set_overrides(capsys):
     assert (probe_graph([model, "--data", "p.jsonl", "--budgets", "2,4", "--max-new-tokens", "8"])[0]
             == probe_graph([model, "--data", "p.jsonl", "set:stages.probe.budgets=(2, 4)",
                             "set:stages.probe.generation.sampling.max_new_tokens=8"])[0])
+    sampled = probe_graph([model, "--data", "p.jsonl", "--samples", "8", "--temperature", "0.9",
+                           "--samples-max-new-tokens", "16"])[0]
+    assert sampled == probe_graph([model, "--data", "p.jsonl", "set:stages.probe.samples=8",
+                                   "set:stages.probe.temperature=0.9", "set:stages.probe.samples_max_new_tokens=16"])[0]
+    assert (sampled.stages["probe"].samples, sampled.stages["probe"].temperature) == (8, 0.9)
     with pytest.raises(SystemExit):  # scoring a file generates nothing: there is no sampling to set
         eval_graph(["--generations", "g.jsonl", "--n", "3"])
     assert "--n needs MODEL --data FILE" in capsys.readouterr().err

@@ -37,6 +37,8 @@ HELDOUT = "val-core/arithmetic/reward/mean@8"
 REGRESSED = f"{HELDOUT}/regressed"
 BELOW_START = f"{HELDOUT}/below_start"
 TOP_SHARE = "val-aux/arithmetic/answers/top_share"
+TRUTH_TOP_SHARE = "val-aux/arithmetic/answers/truth_top_share"
+COLLAPSED = "val-aux/arithmetic/answers/collapsed"
 PARTIAL = "reward/extra/arithmetic/partial/mean"
 
 
@@ -124,6 +126,12 @@ def test_a_gamed_reward_warns_and_best_keeps_the_best_evaluation(tmp_path, capfd
     # the answers collapsed onto the 7s: the most common answer's share rose
     top = [steps[s][TOP_SHARE] for s in evaluations]
     assert top[-1] > 0.5 > top[0], top
+    # ... and where nearly every answer is the same (different right answers), the collapse rule says so
+    truth = [steps[s][TRUTH_TOP_SHARE] for s in evaluations]
+    collapsed = [float(t >= 0.9 > r) for t, r in zip(top, truth)]
+    assert [steps[s][COLLAPSED] for s in evaluations] == collapsed and collapsed[-1] == 1.0, (top, truth)
+    first_collapse = evaluations[collapsed.index(1.0)]
+    assert any(l.startswith(f"warning: at step {first_collapse} the policy gives one answer to ") for l in err)
     # best/: the weights evaluated at the best evaluation (the earliest of equal scores), not the last ones
     best_step = evaluations[held.index(max(held))]
     assert result["best"] == {"step": best_step, "metric": HELDOUT, "score": max(held)}

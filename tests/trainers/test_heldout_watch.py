@@ -215,3 +215,42 @@ def test_margin_must_not_be_negative():
         with pytest.raises(ValueError, match=r"margin must be >= 0"):
             RegressionAlarm(margin=bad)
     assert RegressionAlarm(margin=None).below_start(METRIC) is None
+
+
+SPREAD = "val-aux/reasoning_gym/letter_counting/answers/"
+
+
+@pytest.mark.parametrize("top,truth,collapsed", [
+    (1.0, 0.6, True),    # one answer to every question, whose right answers agree 60% of the time
+    (0.9, 0.6, True),    # at the threshold
+    (0.89, 0.6, False),  # below it
+    (0.95, 0.9, False),  # the right answers are themselves nearly all one: answering it is not a collapse
+    (0.95, 0.95, False),
+])
+def test_one_answer_to_every_question_is_a_collapse_after_training_began(top, truth, collapsed):
+    watch = HeldoutWatch(METRIC, RegressionAlarm())
+    before = watch.evaluated(0, {METRIC: 0.5, SPREAD + "top_share": top, SPREAD + "truth_top_share": truth})
+    assert SPREAD + "collapsed" not in before.metrics and before.warning is None  # before training: the base model's
+    watch.after_step(0.5)
+    verdict = watch.evaluated(5, {METRIC: 0.6, SPREAD + "top_share": top, SPREAD + "truth_top_share": truth})
+    assert verdict.metrics[SPREAD + "collapsed"] == float(collapsed)
+    if collapsed:
+        assert verdict.warning == (
+            f"warning: at step 5 the policy gives one answer to {top:.0%} of the held-out "
+            f"reasoning_gym/letter_counting questions ({SPREAD}top_share), whose right answers agree only "
+            f"{truth:.0%} of the time (truth_top_share): it has learnt the most common answer, not the task, and "
+            f"its held-out score cannot pass {truth:.0%} that way (docs/debugging.md#every-question-gets-the-same-answer)")
+    else:
+        assert verdict.warning is None
+
+
+def test_the_collapse_rule_can_be_set_or_turned_off():
+    metrics = {METRIC: 0.6, SPREAD + "top_share": 0.8, SPREAD + "truth_top_share": 0.6}
+    for alarm, expected in [(RegressionAlarm(collapse=0.75), 1.0), (RegressionAlarm(), 0.0),
+                            (RegressionAlarm(collapse=None), None)]:
+        watch = HeldoutWatch(METRIC, alarm)
+        watch.after_step(0.5)
+        assert watch.evaluated(1, metrics).metrics.get(SPREAD + "collapsed") == expected
+    for bad in (0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"collapse must be in \(0, 1\]"):
+            RegressionAlarm(collapse=bad)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from rlhf.trainers.probe import budget_cuts, format_report, length_stats, probe_report, recommendation
+from rlhf.trainers.probe import budget_cuts, format_report, length_stats, probe_report, recommendation, samples_report
 
 # ten responses' lengths in tokens (EOS included), sorted for reading: 4 5 6 8 9 10 12 30 40 64
 LENGTHS = [30, 4, 10, 64, 5, 12, 8, 6, 40, 9]
@@ -55,3 +55,31 @@ def test_report_strict_and_lenient_accuracy_with_and_without_extras():
     text = format_report(plain)
     assert "strict 20.0%, lenient 20.0% (the scorer reports no lenient score: strict)" in text
     assert "median 9.5, p90 42.4, max 64 (10.0% reached max_new_tokens)" in text
+
+
+def test_samples_report_counts_what_grpo_could_learn_from():
+    scores = [[1.0, 0.0, 0.0, 0.0],   # right once: a signal, right and wrong
+              [0.0, 0.0, 0.0, 0.0],   # never right: no signal
+              [1.0, 1.0, 1.0, 1.0],   # always right: no signal
+              [0.1, 0.0, 0.0, 0.0],   # a partial credit only: a signal, but never right
+              [1.0, 1.0, 0.5, 0.0]]   # right twice
+    report = samples_report(scores, temperature=0.7, max_new_tokens=64)
+    assert report == {"k": 4, "temperature": 0.7, "max_new_tokens": 64, "rows": 5,
+                      "accuracy": 7 / 20, "pass_at_k": 3 / 5, "signal_share": 3 / 5, "right_and_wrong": 2 / 5}
+    lenient = [[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0], [1.0] * 4, [0.0] * 4, [1.0, 1.0, 0.0, 0.0]]
+    loose = samples_report(scores, temperature=0.7, max_new_tokens=64, lenient=lenient)
+    assert loose == {**report, "lenient_pass_at_k": 4 / 5, "lenient_right_and_wrong": 2 / 5}
+    assert "format aside: pass@4 80.0%, 40.0% of rows both right and wrong" in format_report(
+        {**probe_report(_rows(LENGTHS), [1.0] * 10, {}, budgets=[16], max_new_tokens=128), "samples": loose})
+    with pytest.raises(ValueError, match="at least one sampled score"):
+        samples_report([[1.0], []], temperature=0.7, max_new_tokens=8)
+
+
+def test_the_printed_report_gives_the_sampled_numbers_and_the_groups_per_step():
+    report = probe_report(_rows(LENGTHS), [1.0] * 10, {}, budgets=[16], max_new_tokens=128)
+    assert "sampled" not in format_report(report)
+    report["samples"] = samples_report([[1.0, 0.0]] * 3 + [[0.0, 0.0]], temperature=0.7, max_new_tokens=64)
+    text = format_report(report)
+    assert "sampled: 2 per row at temperature 0.7, max_new_tokens 64: accuracy 37.5%, pass@2 75.0%" in text
+    assert "GRPO signal: 75.0% of rows have samples that score differently (75.0% both right and wrong); a step of " \
+           "8 prompts has about 6.0 groups to learn from" in text
