@@ -207,7 +207,10 @@ class ProbeJob:
         metrics.update({f"probe/length/{key}": float(v) for key, v in report["length"].items()})
         if self.samples:
             stage = self.sampled(report_path)
-            sampled = stage.run(dataclasses.replace(ctx, out_dir=report_path.parent))
+            sampled = stage.run(dataclasses.replace(  # its metrics and records apart from the greedy pass's
+                ctx, out_dir=report_path.parent, name=f"{ctx.name} samples",
+                log=lambda m, step: ctx.log({f"samples/{k}": v for k, v in m.items()}, step),
+                record=lambda params: ctx.record({"samples": dict(params)})))
             sampled_rows = read_rows(sampled["generations"])[0]
             scored = reward_generations(sampled_rows, self.reward, max_new_tokens=stage.sampling.max_new_tokens)
             lenient = None
