@@ -60,6 +60,19 @@ def parse_task(spec: str) -> tuple[str, dict]:
     return task, json.loads(settings) if settings else {}
 
 
+def split_specs(text: str) -> list[str]:
+    """`--tasks`: specs separated by commas (or ';') outside the braces of their JSON settings."""
+    specs, depth, current = [], 0, ""
+    for char in text:
+        depth += {"{": 1, "}": -1}.get(char, 0)
+        if char in ",;" and depth == 0:
+            specs.append(current)
+            current = ""
+        else:
+            current += char
+    return [spec.strip() for spec in [*specs, current] if spec.strip()]
+
+
 def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
     """Wilson's 95% interval of a proportion `p` over `n` rows."""
     if n == 0:
@@ -221,7 +234,7 @@ def verdict(rows: list[dict]) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=None, help="comma-separated task specs (default: the panel); a spec is "
-                        "'task' or 'task={json settings}', separated by ';' when settings hold commas")
+                        "'task' or 'task={json settings}' (commas inside the braces are the settings')")
     parser.add_argument("--steps", type=int, default=10, help="GRPO steps per task (the recipe's default)")
     parser.add_argument("--parallel", type=int, default=2, help="tasks at a time (one thread each)")
     parser.add_argument("--out", default=None, help="folder for the JSON (default: a temporary folder)")
@@ -237,7 +250,7 @@ def main() -> int:
     args = parser.parse_args()
     if args.child:
         return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed, overrides(args))
-    specs = PANEL if args.tasks is None else [s for s in args.tasks.split(";" if ";" in args.tasks else ",") if s]
+    specs = PANEL if args.tasks is None else split_specs(args.tasks)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="transfer-"))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     workdir = Path(tempfile.mkdtemp(prefix=f"transfer-{stamp}-"))

@@ -18,6 +18,14 @@ def test_task_specs_carry_settings_as_json():
     assert len(transfer.PANEL) >= 8 and sum(s.startswith("reasoning_gym/") for s in transfer.PANEL) >= 6
 
 
+def test_task_lists_split_outside_the_settings_braces():
+    assert transfer.split_specs('reasoning_gym/letter_counting={"min_words": 3, "max_words": 5},arithmetic') == [
+        'reasoning_gym/letter_counting={"min_words": 3, "max_words": 5}', "arithmetic"]
+    assert transfer.split_specs("a; b;") == ["a", "b"]
+    assert [transfer.parse_task(s) for s in transfer.split_specs(",".join(transfer.PANEL))] == \
+        [transfer.parse_task(s) for s in transfer.PANEL]
+
+
 def test_wilson_interval_hand_computed():
     # p = 0.5, n = 200: centre 0.5, half-width 1.96 * sqrt(0.25/200 + 1.96^2/160000) / (1 + 1.96^2/200)
     #   = 1.96 * 0.035693 / 1.019208 = 0.0686
