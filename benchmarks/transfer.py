@@ -8,8 +8,11 @@ Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thr
 recipe's 200 test rows before training, then `--steps` GRPO steps, then validation again. Reported per task
 (fractions of the held-out rows, greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for
 "Answer:" form), `base_lenient` / `trained_lenient` (right, format aside), a Wilson 95% interval of the trained
-accuracy, training minutes (the steps' own time, validation excluded), steps, and the curve (every step's
-training score and the share of it that came from the half credit). Writes `transfer-<time>.json` (under
+accuracy, training minutes (the steps' own time, validation excluded), steps, the curve (every step's
+training score and the share of it that came from the unformatted credit), each validation's answer spread
+(`top_share` of the most common answer beside `truth_top_share`, the right answers' own) and `collapsed`: the
+last validation gave one answer to nearly every question (the run's collapse alarm), which the verdict counts as
+no gain whatever the accuracy. Writes `transfer-<time>.json` (under
 benchmarks/results only with --out benchmarks/results; by default into a temporary folder) with top-level
 `tasks`, the targets and whether each task met them.
 
