@@ -8,7 +8,7 @@
 
 Its parts, each chosen for a mechanism rather than a task (docs/bring_your_own_model.md has the measured panel:
 held-out accuracy +14.9 points on average over eight tasks in four seeds (+10.7 to +19.7), 3-4 of eight +10 or more
-in each, never the same ones: one task's gain moves by up to 45 points between seeds, so watch the held-out curve):
+in each, never the same ones: one task's gain moves by up to 57 points between seeds, so watch the held-out curve):
 - **The answer is asked for in a form the model follows and a scorer reads without guessing**: "The answer is
   <answer>." (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`; SmolLM2 follows it in 23 of 24 greedy replies, a last
   line "Answer: ..." in 1 of 24), read by `rlhf.rewards.final_answer.final_answer`.

@@ -79,13 +79,18 @@ def _share(values: Sequence[float]) -> float:
     return sum(v >= 1.0 for v in values) / len(values)
 
 
+def lenient_scores(scores: Sequence[float], extras: Mapping[str, Sequence[Any]]) -> list[float]:
+    """Each response's lenient score (right, format aside), where its scorer reports one; else its score."""
+    return [s if v is None else float(v) for s, v in zip(scores, extras.get("lenient") or [None] * len(scores))]
+
+
 def probe_report(
     rows: Sequence[Mapping], scores: Sequence[float], extras: Mapping[str, Sequence[Any]],
     budgets: Sequence[int], max_new_tokens: int, max_cut: float = 0.05,
 ) -> dict[str, Any]:
     """The probe's numbers (module docstring) from generation rows (one response each), their scores and the
     reward's extra columns (`RewardOutput.extras`; a row whose scorer did not report a column has None)."""
-    lenient = [s if v is None else float(v) for s, v in zip(scores, extras.get("lenient") or [None] * len(scores))]
+    lenient = lenient_scores(scores, extras)
     formats = [v for v in extras.get("format") or [] if v is not None]
     lengths = [int(row["response_lengths"][0]) for row in rows]
     cuts = budget_cuts(lengths, budgets, max_new_tokens)
@@ -213,10 +218,8 @@ class ProbeJob:
                 record=lambda params: ctx.record({"samples": dict(params)})))
             sampled_rows = read_rows(sampled["generations"])[0]
             scored = reward_generations(sampled_rows, self.reward, max_new_tokens=stage.sampling.max_new_tokens)
-            lenient = None
-            if "lenient" in scored.extras:  # a row whose scorer reports none counts its strict score
-                lenient = per_row(sampled_rows, [s if v is None else float(v)
-                                                 for s, v in zip(scored.scores, scored.extras["lenient"])])
+            lenient = per_row(sampled_rows, lenient_scores(scored.scores, scored.extras)) \
+                if "lenient" in scored.extras else None
             report["samples"] = {"generations": sampled["generations"],
                                  **samples_report(per_row(sampled_rows, scored.scores), self.temperature,
                                                   stage.sampling.max_new_tokens, lenient)}
