@@ -12,7 +12,9 @@ accuracy, training minutes (the steps' own time, validation excluded), steps, th
 training score and the share of it that came from the unformatted credit), each validation's answer spread
 (`top_share` of the most common answer beside `truth_top_share`, the right answers' own) and `collapsed`: the
 last validation gave one answer to nearly every question (the run's collapse alarm), which the verdict counts as
-no gain whatever the accuracy. Writes `transfer-<time>.json` (under
+no gain whatever the accuracy, and `shortfall`: why the task misses the targets, from those measurements
+(`shortfall()`: collapsed, below the base's lenient accuracy, form not learnt, no measurable change, fell, a small
+gain; caveats: near the most common answer's score, a better validation before the last). Writes `transfer-<time>.json` (under
 benchmarks/results only with --out benchmarks/results; by default into a temporary folder) with top-level
 `tasks`, the targets and whether each task met them.
 
@@ -85,6 +87,57 @@ def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
     return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
 
 
+COLLAPSE = 0.9  # the run's collapse alarm (rlhf.trainers.heldout_watch.RegressionAlarm's default)
+
+
+def shortfall(row: dict) -> dict:
+    """Why a task's row misses the per-task targets, read from what the run measured (not written by hand).
+
+    `why_not`: each way it misses (empty when it gains 10 points or more, has not collapsed and ends at or above
+    the base's lenient accuracy). `caveats`: what qualifies a figure that may meet the target: the answers mostly
+    one answer and the accuracy where always giving the most common right answer would put it; the best
+    validation well above the last. Rows of older runs without the answer spread get the rules they can.
+    """
+    base, trained, gain = row["base_accuracy"], row["trained_accuracy"], row["gain"]
+    lenient, base_lenient = row["trained_lenient"], row["base_lenient"]
+    last = (row.get("validations") or [{}])[-1]
+    top, truth = last.get("top_share"), last.get("truth_top_share")
+    why, caveats = [], []
+    measured = top is not None and truth is not None and top >= COLLAPSE > truth
+    if measured:
+        why.append(f"collapsed: one answer to {top:.0%} of the held-out questions, right for {truth:.0%} of them: "
+                   "the accuracy is that answer's share, not the task learnt")
+    elif row.get("collapsed"):
+        why.append("collapsed: one answer to nearly every held-out question (the run's alarm)")
+    if trained < base_lenient:
+        why.append(f"below the base's lenient accuracy: ends at {trained:.1%} strict, where the base model was "
+                   f"right format aside in {base_lenient:.1%}")
+    if gain < TARGETS["min_gain"] - 1e-9:  # gains are rounded to 4 places; 0.6 - 0.5 is not below 0.1
+        low, high = wilson(base, row.get("heldout_rows") or 200)
+        if lenient - trained >= TARGETS["min_gain"]:
+            why.append(f"form not learnt: right format aside in {lenient:.1%} of the answers, in the asked-for form "
+                       f"in {trained:.1%}")
+        if trained < low:
+            why.append(f"fell: {base:.1%} -> {trained:.1%}, below the base's 95% interval ({low:.1%}-{high:.1%})")
+        elif trained <= high:
+            why.append(f"no measurable change: {base:.1%} -> {trained:.1%}, within the base's 95% interval "
+                       f"({low:.1%}-{high:.1%})")
+        else:
+            why.append(f"small gain: {100 * gain:+.1f} points, below {100 * TARGETS['min_gain']:.0f}")
+    if top is None and not row.get("collapsed"):
+        caveats.append("the answers' spread was not recorded (a run from before the collapse rule): a collapse onto "
+                       "one answer cannot be ruled out")
+    elif truth is not None and 0.5 <= top < COLLAPSE and abs(trained - truth) <= 0.05:
+        caveats.append(f"{top:.0%} of the answers are one answer, and {trained:.1%} is about what always giving "
+                       f"the most common right answer scores ({truth:.1%})")
+    trained_validations = (row.get("validations") or [])[1:]  # the first is the base model's, before training
+    best = max(trained_validations or [{}], key=lambda v: v.get("accuracy") or -1.0)
+    if (best.get("accuracy") or -1.0) - trained >= 0.05:
+        caveats.append(f"best validation at step {best['step']} ({best['accuracy']:.1%}), "
+                       f"{100 * (best['accuracy'] - trained):.1f} points above the last (best/ keeps it)")
+    return {"met": not why, "why_not": why, "caveats": caveats}
+
+
 class CurveTracker:
     """A tracker that keeps every logged step's metrics in memory (the child's run is its only run)."""
 
@@ -154,7 +207,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
         else None
     train_s = sum(p.get("timing_s/step", 0.0) for p in CurveTracker.curve)
     partial = f"reward/extra/{source}/partial/mean"
-    return {
+    row = {
         "task": task, "settings": settings, "seed": seed, "overrides": list(overrides), "heldout_rows": rows,
         "base_accuracy": round(base[strict], 4), "trained_accuracy": round(trained[strict], 4),
         "base_lenient": round(base[lenient], 4), "trained_lenient": round(trained[lenient], 4),
@@ -182,6 +235,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
                             if f"val-aux/{source}/answers/{name}" in p}}
                         for p in validations],
     }
+    return {**row, "shortfall": shortfall(row)}
 
 
 def child(spec: str, steps: int, out: Path, recipe_args: str = "", seed: int = 0, overrides: tuple[str, ...] = ()) -> int:
@@ -231,6 +285,7 @@ def verdict(rows: list[dict]) -> dict:
         "collapsed_tasks": [r["task"] for r in ok if r.get("collapsed")],
         "none_below_base_lenient": bool(ok) and all(r["trained_accuracy"] >= r["base_lenient"] for r in ok),
         "mean_gain_15_points": bool(gains) and sum(gains) / len(gains) >= TARGETS["mean_gain"],
+        "why_not": {r["task"]: r["shortfall"]["why_not"] for r in ok if r.get("shortfall", {}).get("why_not")},
     }
 
 

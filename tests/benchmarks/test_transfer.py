@@ -1,5 +1,6 @@
 """benchmarks/transfer.py's bookkeeping: task specs, Wilson intervals, the verdict against the issue's targets."""
 
+import json
 import sys
 from pathlib import Path
 
@@ -48,6 +49,9 @@ def test_verdict_checks_each_target_separately():
     collapsed = transfer.verdict([row(0.0, 0.3, 0.2), {**row(0.5, 0.6, 0.5), "task": "letters", "collapsed": True}])
     assert not collapsed["every_task_gains_10_points"] and collapsed["collapsed_tasks"] == ["letters"]
     assert good["collapsed_tasks"] == []
+    explained = transfer.verdict([{**row(0.5, 0.5, 0.5), "task": "flat", "shortfall": {"why_not": ["no change"]}},
+                                  {**row(0.0, 0.3, 0.2), "task": "fine", "shortfall": {"why_not": []}}])
+    assert explained["why_not"] == {"flat": ["no change"]} and good["why_not"] == {}
     failed = transfer.verdict([{"task": "x", "error": ["boom"]}])
     assert failed["tasks_failed"] == 1 and not failed["every_task_gains_10_points"]
 
@@ -64,3 +68,81 @@ def test_set_overrides_reach_the_graph_after_the_seed(tmp_path):
     graph = transfer.panel_graph("reasoning_gym/gcd", {}, 3, tmp_path, seed=1,
                                  overrides=("set:stages.grpo.prompts_per_step=16", "set:stages.grpo.sampling.n=4"))
     assert (graph.stages["grpo"].prompts_per_step, graph.stages["grpo"].sampling.n, graph.stages["grpo"].seed) == (16, 4, 1)
+
+
+def spread(top, truth, accuracy=None, step=10):
+    return {"step": step, "accuracy": accuracy, "top_share": top, "truth_top_share": truth}
+
+
+def judged(base, trained, lenient=None, trained_lenient=None, validations=None, collapsed=False):
+    r = {**row(base, trained, base if lenient is None else lenient), "heldout_rows": 200, "collapsed": collapsed,
+         "trained_lenient": trained if trained_lenient is None else trained_lenient,
+         "validations": validations if validations is not None else [spread(0.2, 0.1, trained)]}
+    return transfer.shortfall(r)
+
+
+@pytest.mark.parametrize("case, why, caveat", [
+    # a gain of 20 points, answers spread out: met
+    (dict(base=0.1, trained=0.3), [], []),
+    # one answer to all 200 questions, right for 60%: collapsed, whatever the gain
+    (dict(base=0.5, trained=0.6, validations=[spread(1.0, 0.6, 0.6)]), ["collapsed"], []),
+    # the flag alone (the run's alarm) also counts
+    (dict(base=0.5, trained=0.6, collapsed=True), ["collapsed"], []),
+    # strict 0 but right format aside in 65.5%: the form was not learnt (and no measurable change)
+    (dict(base=0.0, trained=0.0, lenient=0.06, trained_lenient=0.655), ["below the base", "form not learnt",
+                                                                       "no measurable change"], []),
+    # 10.5% -> 9%: inside the base's interval (6.9%-15.6%); and below its 13% lenient
+    (dict(base=0.105, trained=0.09, lenient=0.13), ["below the base", "no measurable change"], []),
+    # 30.5% -> 16%: below the base's interval
+    (dict(base=0.305, trained=0.16, lenient=0.1), ["fell"], []),
+    # +7 points, past the base's interval (6.9%-15.6% at 10.5%) but below 10
+    (dict(base=0.105, trained=0.175), ["small gain"], []),
+    # +26.5 points to 57%, where 58% of the answers are one answer that is right 57% of the time
+    (dict(base=0.305, trained=0.57, validations=[spread(0.58, 0.57, 0.57)]), [], ["most common right answer"]),
+    # met, but the best validation (step 5, 52%) is 12 points above the last
+    (dict(base=0.05, trained=0.40, validations=[spread(0.2, 0.1, 0.05, 0), spread(0.2, 0.1, 0.52, 5),
+                                                spread(0.2, 0.1, 0.40, 10)]), [], ["best validation at step 5"]),
+    # a run from before the answer spread was recorded: no collapse can be ruled out
+    (dict(base=0.5, trained=0.6, validations=[{"step": 10, "accuracy": 0.6}]), [], ["not recorded"]),
+])
+def test_shortfall_names_each_way_a_task_misses_the_targets(case, why, caveat):
+    got = judged(**case)
+    assert got["met"] == (not why)
+    assert len(got["why_not"]) == len(why) and all(w in g for w, g in zip(why, got["why_not"])), got["why_not"]
+    assert len(got["caveats"]) == len(caveat) and all(c in g for c, g in zip(caveat, got["caveats"])), got["caveats"]
+
+
+def test_the_summary_groups_seeds_replaces_reruns_and_keeps_other_tasks_out_of_the_means(tmp_path):
+    """Two seeds of a two-task panel: seed 0 in two files (the second reruns task b), seed 1 in one, and a task
+    outside the panel beside seed 0; per task the gains per seed, their mean and range, and the seeds that met the
+    target; per seed the mean gain over the panel only."""
+    import transfer_summary
+
+    def task(name, base, trained, top=0.2):
+        return {"task": name, "base_accuracy": base, "trained_accuracy": trained, "base_lenient": base,
+                "trained_lenient": trained, "gain": round(trained - base, 4), "heldout_rows": 200,
+                "validations": [spread(top, 0.1, trained)]}
+
+    files = {
+        "s0.json": {"seed": 0, "steps": 10, "recipe": "r", "tasks": [task("a", 0.1, 0.4), task("b", 0.5, 0.5),
+                                                                   task("held", 0.2, 0.3)]},
+        "s0-rerun.json": {"seed": 0, "steps": 10, "recipe": "r", "tasks": [task("b", 0.5, 0.6, top=1.0)]},
+        "s1.json": {"seed": 1, "steps": 10, "recipe": "r", "tasks": [task("a", 0.1, 0.15), task("b", 0.5, 0.7),
+                                                                   {"task": "c", "error": ["boom"]}]},
+    }
+    for name, run in files.items():
+        (tmp_path / name).write_text(json.dumps(run))
+    name, runs = transfer_summary.load("v=" + ",".join(str(tmp_path / f) for f in files))
+    v = transfer_summary.variant_summary(name, runs, panel=["a", "b"])
+    assert v["seeds"] == [0, 1] and list(v["tasks"]) == ["a", "b"]
+    assert v["tasks"]["a"]["gains"] == {0: 0.3, 1: 0.05} and v["tasks"]["a"]["gain_range"] == [0.05, 0.3]
+    assert v["tasks"]["b"]["gains"] == {0: 0.1, 1: 0.2}  # the rerun replaced seed 0's first row of b
+    assert v["tasks"]["a"]["met_in_seeds"] == 1 and "small gain" in v["tasks"]["a"]["why_not"][1][0]
+    assert v["tasks"]["b"]["met_in_seeds"] == 1 and v["tasks"]["b"]["why_not"][0][0].startswith("collapsed")
+    assert v["mean_gain_per_seed"] == {0: 0.2, 1: 0.125} and v["mean_gain"] == 0.1625
+    assert v["tasks_meeting_target_per_seed"] == {0: 1, 1: 1} and v["mean_gain_target_met_in_seeds"] == 1
+    assert v["other_tasks"] == {0: {"held": {"gain": 0.1, "base_accuracy": 0.2, "trained_accuracy": 0.3,
+                                             "met": True, "why_not": [], "caveats": []}}}
+    assert "| a | 10.0% | +30.0 | +5.0 | +17.5 | 1/2 |" in transfer_summary.markdown(v)
+    with pytest.raises(SystemExit, match="no such file"):
+        transfer_summary.load("v=missing.json")
