@@ -25,10 +25,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 
 
-def measure(model_name: str, prompt_tokens: int, prompts: int, n: int, new_tokens: int, temperature: float) -> float:
-    """Seconds of one `HFEngine.generate` call after a warm-up call, in this process."""
-    import time
-
+def random_prompt_rollout(model_name: str, prompts: int, prompt_tokens: int):
+    """(model, an HFEngine sharing it, a batch of `prompts` random prompts of `prompt_tokens` tokens), one thread:
+    the rollout shape the decoding benchmarks time. `model_name`: an imported model's name or a model folder."""
     import torch
 
     torch.set_num_threads(1)
@@ -36,7 +35,7 @@ def measure(model_name: str, prompt_tokens: int, prompts: int, n: int, new_token
     from rlhf.data.tokenize import position_ids
     from rlhf.models.importing import model_folder
     from rlhf.models.loading import load_causal_lm, load_tokenizer
-    from rlhf.rollout import HFEngine, SamplingParams
+    from rlhf.rollout import HFEngine
 
     folder = model_name if Path(model_name).is_dir() else model_folder(model_name)
     model, tok = load_causal_lm(folder).eval(), load_tokenizer(folder)
@@ -44,7 +43,16 @@ def measure(model_name: str, prompt_tokens: int, prompts: int, n: int, new_token
                         generator=torch.Generator().manual_seed(0))
     mask = torch.ones_like(ids)
     batch = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {})
-    engine = HFEngine.sharing(model, tok)
+    return model, HFEngine.sharing(model, tok), batch
+
+
+def measure(model_name: str, prompt_tokens: int, prompts: int, n: int, new_tokens: int, temperature: float) -> float:
+    """Seconds of one `HFEngine.generate` call after a warm-up call, in this process."""
+    import time
+
+    from rlhf.rollout import SamplingParams
+
+    _, engine, batch = random_prompt_rollout(model_name, prompts, prompt_tokens)
     sampling = SamplingParams(n=n, temperature=temperature, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     engine.generate(batch, sampling)
     start = time.perf_counter()

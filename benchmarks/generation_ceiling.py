@@ -32,16 +32,10 @@ sys.path.insert(0, str(HERE))
 
 def measure(model_name: str, prompts: int, n: int, prompt_tokens: int, new_tokens: int) -> dict:
     """One timed rollout in this process: seconds in total, in the decoding matmuls and in the prefill."""
-    import torch
-
-    torch.set_num_threads(1)
     from bench_flops import Shape, matmul_peak, rollout_flops
+    from decode_revisions import random_prompt_rollout
 
-    from rlhf.batch import Batch
-    from rlhf.data.tokenize import position_ids
-    from rlhf.models.importing import model_folder
-    from rlhf.models.loading import load_causal_lm, load_tokenizer
-    from rlhf.rollout import HFEngine, SamplingParams, decode, lean_decoder
+    from rlhf.rollout import SamplingParams, decode, lean_decoder
 
     seconds = {"matmul": 0.0, "prefill": 0.0}
 
@@ -71,13 +65,7 @@ def measure(model_name: str, prompts: int, n: int, prompt_tokens: int, new_token
     lean_decoder.LeanDecoder._linear, lean_decoder.LeanDecoder._head = linear_timed, head_timed
     decode._prefill = timed("prefill", decode._prefill)
 
-    folder = model_name if Path(model_name).is_dir() else model_folder(model_name)
-    model, tok = load_causal_lm(folder).eval(), load_tokenizer(folder)
-    ids = torch.randint(3, min(30000, model.config.vocab_size), (prompts, prompt_tokens),
-                        generator=torch.Generator().manual_seed(0))
-    mask = torch.ones_like(ids)
-    batch = Batch({"input_ids": ids, "attention_mask": mask, "position_ids": position_ids(mask)}, {})
-    engine = HFEngine.sharing(model, tok)
+    model, engine, batch = random_prompt_rollout(model_name, prompts, prompt_tokens)
     engine.generate(batch, SamplingParams(n=n, temperature=1.0, max_new_tokens=8, min_new_tokens=8))  # warm-up
     seconds.update(matmul=0.0, prefill=0.0)
     sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
