@@ -232,7 +232,9 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
         "validations": [{"step": p["step"], "accuracy": round(p[strict], 4), "lenient": round(p.get(lenient, 0), 4),
                          **{name: round(p[f"val-aux/{source}/answers/{name}"], 4)
                             for name in ("top_share", "truth_top_share", "distinct", "collapsed")
-                            if f"val-aux/{source}/answers/{name}" in p}}
+                            if f"val-aux/{source}/answers/{name}" in p},
+                         **({"clip_ratio": round(p[clip], 4)} if (clip := f"val-aux/{source}/response_length/"
+                                                                            "clip_ratio") in p else {})}
                         for p in validations],
     }
     return {**row, "shortfall": shortfall(row)}

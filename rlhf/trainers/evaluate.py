@@ -28,7 +28,10 @@ class Evaluator:
     `val-aux/reward/extra_nonfinite`, NaN/inf extra values), other values averaged over rows; an
     auxiliary reward's the same under its name (`val-aux/<name>/reward/errors`). How spread out the answers
     are, `val-aux/<source>/answers/top_share`, `.../distinct` and `.../truth_top_share`
-    (rlhf.trainers.answer_spread): a policy that learnt to guess gives a few answers to every question.
+    (rlhf.trainers.answer_spread): a policy that learnt to guess gives a few answers to every question. For
+    single-turn rollouts, the share of each source's responses that reached the response budget
+    (`val-aux/<source>/response_length/clip_ratio`, length >= `sampling.max_new_tokens`): an answer cut there
+    loses its end, where the final answer is written.
     """
 
     def __init__(
@@ -67,12 +70,16 @@ class Evaluator:
         scores: list[list[float]] = []
         aux: dict[str, list[float]] = defaultdict(list)
         produced: dict[str, list[float]] = defaultdict(list)
+        at_budget: dict[str, list[bool]] = defaultdict(list)
         reward_metrics: list[tuple[dict[str, float], int]] = []
         aux_metrics: dict[str, list[tuple[dict[str, float], int]]] = defaultdict(list)
         for prompts in self.dataset.in_order(self.prompts_per_call):
             rollout, rollout_metrics = self.rollout(policy, prompts, self.sampling)  # a prompt's n samples adjacent
             for name, value in rollout_metrics.items():
                 produced[name].append(value)
+            if isinstance(self.rollout, SingleTurn):  # a trajectory's length is not one turn's budget
+                for source, reached in budget_reached(rollout, self.sampling.max_new_tokens):
+                    at_budget[source].append(reached)
             scored, call_metrics = score_rollout(rollout, self.dataset.tokenizer, self.reward)
             reward_metrics.append((call_metrics, len(rollout)))
             flat, texts = scored["scores"].tolist(), list(scored["response_text"])
@@ -91,12 +98,22 @@ class Evaluator:
             metrics = {k: v for k, v in metrics.items() if not k.endswith(("/ci_low", "/ci_high"))}
         metrics.update({k: sum(v) / len(v) for k, v in sorted(aux.items())})
         metrics.update(spread_metrics(rows))
+        metrics.update({f"val-aux/{source}/response_length/clip_ratio": sum(flags) / len(flags)
+                        for source, flags in sorted(at_budget.items())})
         metrics.update({f"val-aux/{k}": v for k, v in combine_reward_metrics(reward_metrics).items()})
         for name, calls in sorted(aux_metrics.items()):  # an auxiliary reward's failures count as the main one's
             metrics.update({f"val-aux/{name}/{k}": v for k, v in combine_reward_metrics(calls).items()})
         # the producer's own metrics (multi-turn: turns, tool calls), averaged over the calls
         metrics.update({f"val-aux/{k}": sum(v) / len(v) for k, v in sorted(produced.items()) if not k.startswith("timing")})
         return metrics
+
+
+def budget_reached(rollout, max_new_tokens: int) -> list[tuple[str, bool]]:
+    """(data source, whether the response reached `max_new_tokens`) per row of a single-turn rollout; a response's
+    length is the response part of its attention mask (EOS included)."""
+    width = rollout["responses"].shape[1]
+    lengths = rollout["attention_mask"][:, rollout["attention_mask"].shape[1] - width:].sum(dim=1).tolist()
+    return [(source, length >= max_new_tokens) for source, length in zip(rollout["data_source"], lengths)]
 
 
 def spread_metrics(rows: list[dict]) -> dict[str, float]:

@@ -36,6 +36,12 @@ source when
 
 i.e. nearly every held-out question got the same answer although their right answers differ: the policy has
 learnt the most common answer, not the task, and its held-out score is capped at `truth_top_share`.
+
+**Answers cut by the budget.** A response budget shorter than the model's way of answering cuts its answers
+before their final line, so right answers score nothing and the reward teaches the model to answer in fewer
+tokens than it can be right in. The evaluator reports the share of each source's held-out responses that
+reached the budget (`val-aux/<source>/response_length/clip_ratio`); at any evaluation, the one before training
+included (when the budget is cheapest to fix), a source whose share is at least `cut` (0.1 by default) warns.
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ from rlhf.ranges import PositiveInt
 GAMED_REWARD_DOC = "docs/debugging.md#the-held-out-score-falls-while-the-training-score-rises"
 BELOW_START_DOC = "docs/debugging.md#the-held-out-score-stays-below-its-start"
 COLLAPSE_DOC = "docs/debugging.md#every-question-gets-the-same-answer"
+BUDGET_DOC = "docs/debugging.md#answers-reach-the-response-budget"
 SPREAD_PREFIX, TOP_SHARE, TRUTH_TOP_SHARE = "val-aux/", "/answers/top_share", "/answers/truth_top_share"
+CLIP_RATIO = "/response_length/clip_ratio"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +141,30 @@ def collapses(step: int, metrics: dict[str, float], collapse: float) -> dict[str
     return found
 
 
+@dataclasses.dataclass(frozen=True)
+class BudgetCut:
+    """One source's held-out responses at an evaluation: too many reached the response budget."""
+
+    source: str
+    step: int
+    clip_ratio: float
+
+    def warning(self) -> str:
+        return (
+            f"warning: at step {self.step} {self.clip_ratio:.0%} of the held-out {self.source} responses reached the "
+            f"response budget (val-aux/{self.source}/response_length/clip_ratio): an answer cut there loses its "
+            f"final line, so right answers score nothing; measure the model's answer lengths with `rlhf probe` and "
+            f"raise max_new_tokens ({BUDGET_DOC})"
+        )
+
+
+def budget_cuts(step: int, metrics: dict[str, float], cut: float) -> dict[str, BudgetCut | None]:
+    """Each source whose evaluation reports its responses' clip ratio: its `BudgetCut` (module docstring), or None."""
+    return {key[len(SPREAD_PREFIX):-len(CLIP_RATIO)]: BudgetCut(key[len(SPREAD_PREFIX):-len(CLIP_RATIO)], step,
+                                                                 float(ratio)) if ratio >= cut else None
+            for key, ratio in sorted(metrics.items()) if key.startswith(SPREAD_PREFIX) and key.endswith(CLIP_RATIO)}
+
+
 def regressed(before: Evaluation, now: Evaluation) -> bool:
     """Whether the held-out score fell from `before` to `now` while the training score rose."""
     if before.train is None or now.train is None:
@@ -150,6 +182,7 @@ class RegressionAlarm:
         evaluations: PositiveInt = 2,  # K: regressed (or below-start) evaluations in a row before it warns
         margin: float | None = 0.05,  # how far below the first evaluation (metric units) is below the start; None: off
         collapse: float | None = 0.9,  # top_share at or above it (and above truth_top_share) is a collapse; None: off
+        cut: float | None = 0.1,  # a share of held-out responses at the budget that warns; None: off
     ):
         if evaluations < 1:
             raise ValueError(f"RegressionAlarm: evaluations must be >= 1 (regressed evaluations in a row), "
@@ -160,9 +193,13 @@ class RegressionAlarm:
         if collapse is not None and not 0 < collapse <= 1:
             raise ValueError(f"RegressionAlarm: collapse must be in (0, 1] (the share of held-out questions given one "
                              f"answer that counts as a collapse), or None to turn that rule off; got {collapse}")
+        if cut is not None and not 0 < cut <= 1:
+            raise ValueError(f"RegressionAlarm: cut must be in (0, 1] (the share of held-out responses reaching the "
+                             f"response budget that warns), or None to turn that rule off; got {cut}")
         self.evaluations = evaluations
         self.margin = margin
         self.collapse = collapse
+        self.cut = cut
         self.history: list[Evaluation] = []
         self.streak = 0  # regressed evaluations in a row up to the last one
 
@@ -251,8 +288,9 @@ class HeldoutWatch:
         self.train.add(train_score)
 
     def evaluated(self, step: int, metrics: dict[str, float]) -> Verdict:
-        """Feed an evaluation's metrics; `<metric>/regressed`, `<metric>/below_start` and, after training began,
-        `val-aux/<source>/answers/collapsed` (1/0) are logged when the alarm is on."""
+        """Feed an evaluation's metrics; `<metric>/regressed`, `<metric>/below_start`, after training began
+        `val-aux/<source>/answers/collapsed`, and `val-aux/<source>/response_length/cut` (1/0) are logged when the
+        alarm is on."""
         if self.metric not in metrics:
             core = sorted(k for k in metrics if k.startswith("val-core/"))
             raise ValueError(
@@ -272,7 +310,10 @@ class HeldoutWatch:
         if self.alarm.margin is not None:
             logged[f"{self.metric}/below_start"] = float(below is not None)
         logged.update({f"{SPREAD_PREFIX}{source}/answers/collapsed": float(c is not None) for source, c in found.items()})
-        warnings = [finding.warning() for finding in (regression, below, *found.values()) if finding is not None]
+        cuts = budget_cuts(step, metrics, self.alarm.cut) if self.alarm.cut is not None else {}
+        logged.update({f"{SPREAD_PREFIX}{source}/response_length/cut": float(c is not None) for source, c in cuts.items()})
+        warnings = [finding.warning() for finding in (regression, below, *found.values(), *cuts.values())
+                    if finding is not None]
         return Verdict(logged, new_best, "\n".join(warnings) or None)
 
     def result(self) -> dict:

@@ -39,6 +39,10 @@ def test_smoke_trains_and_validates_a_reasoning_gym_task_on_smollm2(smollm2_path
     # both rules of the alarm report at the final validation (the smoke run is too short to fire either)
     assert metrics[f"val-core/{SOURCE}/reward/mean@1/regressed"] in (0.0, 1.0)
     assert metrics[f"val-core/{SOURCE}/reward/mean@1/below_start"] in (0.0, 1.0)
+    # how many of the 4 greedy answers reached the smoke run's 8-token budget, and the budget rule's verdict on it
+    clip = metrics[f"val-aux/{SOURCE}/response_length/clip_ratio"]
+    assert clip in (0.0, 0.25, 0.5, 0.75, 1.0)
+    assert metrics[f"val-aux/{SOURCE}/response_length/cut"] == float(clip >= 0.1)
     assert 0.0 <= metrics["actor/inert_rows_left_out"] <= 1.0
 
 

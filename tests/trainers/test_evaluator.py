@@ -80,3 +80,20 @@ def test_reward_metrics_of_several_calls_add_counts_and_average_the_rest():
              ({"reward/errors": 1.0, "reward/errors/b": 1.0, "reward/overlong_penalty/mean": 0.0}, 12)]
     assert combine_reward_metrics(calls) == {  # -0.5 * 4 / 16 + 0 * 12 / 16
         "reward/errors": 3.0, "reward/errors/a": 2.0, "reward/errors/b": 1.0, "reward/overlong_penalty/mean": -0.125}
+
+
+def test_responses_at_the_budget_are_counted_per_source(policy):
+    """A one-token budget: every response reaches it. And the count itself, on a rollout with two sources: a
+    response is at the budget when the response part of its attention mask is as long as the budget."""
+    import torch
+
+    from rlhf.batch import Batch
+    from rlhf.trainers.evaluate import budget_reached
+
+    metrics = evaluator(SamplingParams(temperature=0.0, max_new_tokens=1))(policy)
+    assert metrics["val-aux/arithmetic/response_length/clip_ratio"] == 1.0
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])  # prompts of 3, responses of 3
+    rollout = Batch({"attention_mask": mask, "responses": torch.zeros(3, 3, dtype=torch.long)},
+                    {"data_source": ["a", "a", "b"]})
+    assert budget_reached(rollout, 3) == [("a", False), ("a", True), ("b", False)]
+    assert budget_reached(rollout, 2) == [("a", False), ("a", True), ("b", True)]

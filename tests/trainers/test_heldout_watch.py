@@ -254,3 +254,38 @@ def test_the_collapse_rule_can_be_set_or_turned_off():
     for bad in (0, 1.5, float("nan")):
         with pytest.raises(ValueError, match=r"collapse must be in \(0, 1\]"):
             RegressionAlarm(collapse=bad)
+
+
+CLIP = "val-aux/reasoning_gym/word_sorting/response_length/"
+
+
+@pytest.mark.parametrize("ratio,cut", [(0.0, False), (0.09, False), (0.1, True), (0.35, True), (1.0, True)])
+def test_answers_at_the_response_budget_warn_before_training_too(ratio, cut):
+    """The share of held-out responses that reached the budget, at the evaluation before training (the base model's
+    answers, when the budget is cheapest to fix) and after: at 10% or more it warns, naming the share and the fix."""
+    watch = HeldoutWatch(METRIC, RegressionAlarm())
+    for step in (0, 5):
+        verdict = watch.evaluated(step, {METRIC: 0.5, CLIP + "clip_ratio": ratio})
+        assert verdict.metrics[CLIP + "cut"] == float(cut)
+        if cut:
+            assert verdict.warning == (
+                f"warning: at step {step} {ratio:.0%} of the held-out reasoning_gym/word_sorting responses reached "
+                f"the response budget ({CLIP}clip_ratio): an answer cut there loses its final line, so right answers "
+                "score nothing; measure the model's answer lengths with `rlhf probe` and raise max_new_tokens "
+                "(docs/debugging.md#answers-reach-the-response-budget)")
+        else:
+            assert verdict.warning is None
+        watch.after_step(0.5)
+
+
+def test_the_budget_rule_can_be_set_or_turned_off_and_joins_the_other_warnings():
+    metrics = {METRIC: 0.6, CLIP + "clip_ratio": 0.3, SPREAD + "top_share": 1.0, SPREAD + "truth_top_share": 0.6}
+    for alarm, expected in [(RegressionAlarm(cut=0.5), 0.0), (RegressionAlarm(), 1.0), (RegressionAlarm(cut=None), None)]:
+        watch = HeldoutWatch(METRIC, alarm)
+        watch.after_step(0.5)
+        verdict = watch.evaluated(1, metrics)
+        assert verdict.metrics.get(CLIP + "cut") == expected
+        assert verdict.warning.count("\n") == (1 if expected else 0)  # the collapse's line, and the budget's
+    for bad in (0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match=r"cut must be in \(0, 1\]"):
+            RegressionAlarm(cut=bad)
