@@ -1,14 +1,14 @@
 """How close generation can come to the matmul peak on this CPU: a rollout's seconds split into the decoding
-steps' matmuls, the prompts' prefill and everything else, and the utilisation it would reach if everything else
-took no time.
+steps' matmuls, their attention over the KV cache, the prompts' prefill and everything else, and the utilisation
+it would reach if everything but the matmuls and the prefill (or everything but those and attention) took no time.
 
 `grpo_vs_trl.py --model` reports generation's utilisation (model FLOPs / seconds / one thread's square-matmul
 peak). A decoding step multiplies a few rows by every weight, a skinny product slower per FLOP than the square
 ones the peak is measured on, so generation's utilisation has a ceiling below 100% that no change outside the
 matmuls can lift. This measures it in place: the rollout of the GRPO benchmark's shape (SmolLM2, 16 random
 prompts of 39 tokens x 4 samples, forced response lengths, temperature 1.0, one thread) through `HFEngine`,
-with the lean decoder's matmuls (`LeanDecoder._linear`, `_head`) and the prefill (`rlhf.rollout.decode._prefill`)
-timed (a clock read around each call, about 10 ms a rollout). Each repetition is a fresh process: load, one
+with the lean decoder's matmuls (`LeanDecoder._linear`, `_head`), its attention (`LeanDecoder._attend`) and the
+prefill (`rlhf.rollout.decode._prefill`) timed (a clock read around each call, about 10 ms a rollout). Each repetition is a fresh process: load, one
 short warm-up rollout, one timed rollout. Benchmark instrumentation only.
 
     OMP_NUM_THREADS=1 python benchmarks/generation_ceiling.py --new-tokens 64 256 --repeats 3
@@ -37,7 +37,7 @@ def measure(model_name: str, prompts: int, n: int, prompt_tokens: int, new_token
 
     from rlhf.rollout import SamplingParams, decode, lean_decoder
 
-    seconds = {"matmul": 0.0, "prefill": 0.0}
+    seconds = {"matmul": 0.0, "attention": 0.0, "prefill": 0.0}
 
     def timed(key: str, fn):
         def wrapper(*args, **kwargs):
@@ -63,11 +63,12 @@ def measure(model_name: str, prompts: int, n: int, prompt_tokens: int, new_token
             inside_head[0] = False
 
     lean_decoder.LeanDecoder._linear, lean_decoder.LeanDecoder._head = linear_timed, head_timed
+    lean_decoder.LeanDecoder._attend = timed("attention", lean_decoder.LeanDecoder._attend)
     decode._prefill = timed("prefill", decode._prefill)
 
     model, engine, batch = random_prompt_rollout(model_name, prompts, prompt_tokens)
     engine.generate(batch, SamplingParams(n=n, temperature=1.0, max_new_tokens=8, min_new_tokens=8))  # warm-up
-    seconds.update(matmul=0.0, prefill=0.0)
+    seconds.update(matmul=0.0, attention=0.0, prefill=0.0)
     sampling = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     start = time.perf_counter()
     engine.generate(batch, sampling)
@@ -75,7 +76,7 @@ def measure(model_name: str, prompts: int, n: int, prompt_tokens: int, new_token
     shape = Shape.of(model.config)
     decode_matmul_flops = prompts * n * (new_tokens - 1) * 2 * (shape.body + shape.head)
     return {
-        "seconds": {"total": total, **seconds, "other": total - seconds["matmul"] - seconds["prefill"]},
+        "seconds": {"total": total, **seconds, "other": total - sum(seconds.values())},
         "gflop": rollout_flops(shape, [prompt_tokens] * prompts, n, [new_tokens] * (prompts * n)) / 1e9,
         "decode_matmul_gflop": decode_matmul_flops / 1e9,
         "matmul_peak_gflops": matmul_peak(),
@@ -97,6 +98,10 @@ def summarise(runs: list[dict]) -> dict:
     def ceiling(r: dict) -> float:
         return r["gflop"] / (r["seconds"]["matmul"] + r["seconds"]["prefill"]) / r["matmul_peak_gflops"]
 
+    def with_attention(r: dict) -> float:
+        s = r["seconds"]
+        return r["gflop"] / (s["matmul"] + s["prefill"] + s.get("attention", 0.0)) / r["matmul_peak_gflops"]
+
     def matmul_rate(r: dict) -> float:
         return r["decode_matmul_gflop"] / r["seconds"]["matmul"] / r["matmul_peak_gflops"]
 
@@ -104,10 +109,12 @@ def summarise(runs: list[dict]) -> dict:
         return r["gflop"] / (0.7 * r["matmul_peak_gflops"]) - r["seconds"]["matmul"] - r["seconds"]["prefill"]
 
     return {
-        "seconds": {k: med(lambda r, k=k: r["seconds"][k]) for k in ("total", "matmul", "prefill", "other")},
+        "seconds": {k: med(lambda r, k=k: r["seconds"].get(k, 0.0))
+                    for k in ("total", "matmul", "attention", "prefill", "other")},
         "utilisation": med(utilisation), "utilisation_range": rng(utilisation),
         "decode_matmuls_of_peak": med(matmul_rate), "decode_matmuls_of_peak_range": rng(matmul_rate),
         "ceiling_without_other_work": med(ceiling), "ceiling_range": rng(ceiling),
+        "ceiling_with_attention": med(with_attention), "ceiling_with_attention_range": rng(with_attention),
         "other_seconds_allowed_for_70_percent": med(other_allowed_for_70),
         "matmul_peak_gflops": med(lambda r: r["matmul_peak_gflops"]),
     }
@@ -142,8 +149,8 @@ def main() -> int:
                 return done.returncode
             runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
             s = runs[-1]["seconds"]
-            print(f"{tokens} tokens, rep {rep}: {s['total']:.2f} s (matmuls {s['matmul']:.2f}, prefill "
-                  f"{s['prefill']:.2f}, other {s['other']:.2f})", flush=True)
+            print(f"{tokens} tokens, rep {rep}: {s['total']:.2f} s (matmuls {s['matmul']:.2f}, attention "
+                  f"{s['attention']:.2f}, prefill {s['prefill']:.2f}, other {s['other']:.2f})", flush=True)
         result["workloads"][f"{args.prompts}x{args.n}/p{args.prompt_tokens}/{tokens}tok"] = {
             "runs": runs, "summary": summarise(runs)}
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -168,6 +168,19 @@ class _Layer(NamedTuple):
     act: object
 
 
+class _StepView(NamedTuple):
+    """What every layer's attention reads in one step: the prompt store's groups and columns in use, the decoded
+    columns any row attends to, each row's prompt group and sample in it, and the (B, 1, 1, width + length)
+    bias masking the prompts' left padding and each row's unwritten columns."""
+
+    groups: int
+    width: int
+    length: int
+    slot: torch.Tensor
+    member: torch.Tensor
+    bias: torch.Tensor
+
+
 class LeanDecoder:
     """One-token decoding steps for up to `rows` sequences, each with its own place in a preallocated KV cache.
 
@@ -347,14 +360,12 @@ class LeanDecoder:
         self.bias[rows, 0, 0, column] = 0.0  # each row's new column becomes visible to that row
         groups, width = max(self._slots) + 1, max(self._width.values())  # the prompt store's part in use
         slot, member = self.slot[:b], self.member[:b]
-        bias = torch.cat([self.prompt_bias[slot][..., :width], self.bias[:b, ..., :length]], dim=-1)
+        view = _StepView(groups, width, length, slot, member,
+                         torch.cat([self.prompt_bias[slot][..., :width], self.bias[:b, ..., :length]], dim=-1))
         x = F.embedding(token, self.embed)  # (B, hidden)
         position = self.position[:b]
         cos, sin = self.cos[position][:, None, :], self.sin[position][:, None, :]  # (B, 1, D)
         hq, hk = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        grouped_q = self._grouped_q[:groups]
-        grouped_p = self._grouped_p[:groups, ..., :width]
-        shape = (groups, self.kv_heads, self.n * self.group)
         linear = self._linear
         for w, keys, values, prompt_keys, prompt_values in zip(self.layers, self.keys, self.values, self.prompt_keys,
                                                                self.prompt_values):
@@ -364,17 +375,7 @@ class LeanDecoder:
             keys[rows, :, column] = qk[:, self.heads :].to(keys.dtype)
             values[rows, :, column] = qkv[:, hq + hk :].view(b, self.kv_heads, self.head_dim).to(values.dtype)
             q = qk[:, : self.heads].reshape(b, self.kv_heads, self.group, self.head_dim)
-            grouped_q[slot, member] = q.to(grouped_q.dtype)
-            on_prompt = torch.matmul(grouped_q.transpose(1, 2).reshape(*shape, self.head_dim),
-                                     prompt_keys[:groups, :, :width].transpose(-1, -2))
-            on_prompt = on_prompt.view(groups, self.kv_heads, self.n, self.group, width)[slot, :, member]
-            on_decoded = torch.matmul(q, keys[:b, :, :length].transpose(-1, -2))
-            scores = torch.cat([on_prompt, on_decoded], dim=-1) * self.scale + bias
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            grouped_p[slot, :, member] = probs[..., :width].to(grouped_p.dtype)
-            from_prompt = torch.matmul(grouped_p.reshape(*shape, width), prompt_values[:groups, :, :width])
-            out = torch.matmul(probs[..., width:], values[:b, :, :length])
-            out = out + from_prompt.view(groups, self.kv_heads, self.n, self.group, self.head_dim)[slot, :, member]
+            out = self._attend(view, q, keys, values, prompt_keys, prompt_values)
             x = x + linear(out.reshape(b, hq), w.w_o, w.b_o)
             gate, up = linear(_rms_norm(x, w.norm2, w.eps2), w.w_gate_up, w.b_gate_up).chunk(2, dim=-1)
             x = x + linear(w.act(gate) * up, w.w_down, w.b_down)
@@ -382,6 +383,26 @@ class LeanDecoder:
         self.position[:b] += 1
         self.steps += 1
         return self._head(_rms_norm(x, self.norm, self.eps))
+
+    def _attend(self, view: _StepView, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                prompt_keys: torch.Tensor, prompt_values: torch.Tensor) -> torch.Tensor:
+        """One layer's attention output (B, kv_heads, group, D) for the queries q (B, kv_heads, group, D) of the B
+        active rows (this step's keys and values already written): the prompt part per group of n samples, the
+        decoded part per row, under one softmax (cascade attention, the class docstring)."""
+        b, groups, width, length, slot, member = q.shape[0], view.groups, view.width, view.length, view.slot, view.member
+        shape = (groups, self.kv_heads, self.n * self.group)
+        grouped_q, grouped_p = self._grouped_q[:groups], self._grouped_p[:groups, ..., :width]
+        grouped_q[slot, member] = q.to(grouped_q.dtype)
+        on_prompt = torch.matmul(grouped_q.transpose(1, 2).reshape(*shape, self.head_dim),
+                                 prompt_keys[:groups, :, :width].transpose(-1, -2))
+        on_prompt = on_prompt.view(groups, self.kv_heads, self.n, self.group, width)[slot, :, member]
+        on_decoded = torch.matmul(q, keys[:b, :, :length].transpose(-1, -2))
+        scores = torch.cat([on_prompt, on_decoded], dim=-1) * self.scale + view.bias
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        grouped_p[slot, :, member] = probs[..., :width].to(grouped_p.dtype)
+        from_prompt = torch.matmul(grouped_p.reshape(*shape, width), prompt_values[:groups, :, :width])
+        out = torch.matmul(probs[..., width:], values[:b, :, :length])
+        return out + from_prompt.view(groups, self.kv_heads, self.n, self.group, self.head_dim)[slot, :, member]
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         """Logits (B, V) of the LM head, in vocabulary chunks of HEAD_CHUNK on a CPU (see there)."""
