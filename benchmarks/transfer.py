@@ -103,8 +103,8 @@ def shortfall(row: dict) -> dict:
     last = (row.get("validations") or [{}])[-1]
     top, truth = last.get("top_share"), last.get("truth_top_share")
     why, caveats = [], []
-    measured = top is not None and truth is not None and top >= COLLAPSE > truth
-    if measured:
+    spread = top is not None and truth is not None
+    if spread and top >= COLLAPSE > truth:
         why.append(f"collapsed: one answer to {top:.0%} of the held-out questions, right for {truth:.0%} of them: "
                    "the accuracy is that answer's share, not the task learnt")
     elif row.get("collapsed"):
@@ -127,7 +127,7 @@ def shortfall(row: dict) -> dict:
     if top is None and not row.get("collapsed"):
         caveats.append("the answers' spread was not recorded (a run from before the collapse rule): a collapse onto "
                        "one answer cannot be ruled out")
-    elif truth is not None and 0.5 <= top < COLLAPSE and abs(trained - truth) <= 0.05:
+    elif spread and 0.5 <= top < COLLAPSE and abs(trained - truth) <= 0.05:
         caveats.append(f"{top:.0%} of the answers are one answer, and {trained:.1%} is about what always giving "
                        f"the most common right answer scores ({truth:.1%})")
     trained_validations = (row.get("validations") or [])[1:]  # the first is the base model's, before training
