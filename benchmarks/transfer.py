@@ -44,6 +44,8 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from scratch import report_pruned  # noqa: E402  logs stay, checkpoints go
 
+from rlhf.trainers.heldout_watch import COLLAPSE  # noqa: E402  the run's collapse alarm: the same threshold
+
 PANEL = [
     "arithmetic",
     'reasoning_gym/basic_arithmetic={"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}',
@@ -85,9 +87,6 @@ def wilson(p: float, n: int, z: float = 1.96) -> list[float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return [round(max(0.0, centre - half), 4), round(min(1.0, centre + half), 4)]
-
-
-COLLAPSE = 0.9  # the run's collapse alarm (rlhf.trainers.heldout_watch.RegressionAlarm's default)
 
 
 def shortfall(row: dict) -> dict:

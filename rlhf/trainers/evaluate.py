@@ -11,6 +11,7 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.trainers.answer_spread import answer_spread
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.eval_job import evaluate_scores, metric_names
+from rlhf.trainers.metrics import response_lengths
 from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
 from rlhf.trainers.scoring import score_rollout
 
@@ -111,8 +112,7 @@ class Evaluator:
 def budget_reached(rollout, max_new_tokens: int) -> list[tuple[str, bool]]:
     """(data source, whether the response reached `max_new_tokens`) per row of a single-turn rollout; a response's
     length is the response part of its attention mask (EOS included)."""
-    width = rollout["responses"].shape[1]
-    lengths = rollout["attention_mask"][:, rollout["attention_mask"].shape[1] - width:].sum(dim=1).tolist()
+    lengths = response_lengths(rollout).tolist()
     return [(source, length >= max_new_tokens) for source, length in zip(rollout["data_source"], lengths)]
 
 

@@ -56,6 +56,8 @@ COLLAPSE_DOC = "docs/debugging.md#every-question-gets-the-same-answer"
 BUDGET_DOC = "docs/debugging.md#answers-reach-the-response-budget"
 SPREAD_PREFIX, TOP_SHARE, TRUTH_TOP_SHARE = "val-aux/", "/answers/top_share", "/answers/truth_top_share"
 CLIP_RATIO = "/response_length/clip_ratio"
+COLLAPSE = 0.9
+"""The default top_share at which held-out answers have collapsed onto one (`RegressionAlarm(collapse=...)`)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,16 +131,18 @@ class Collapse:
         )
 
 
+def per_source(metrics: dict[str, float], suffix: str) -> dict[str, float]:
+    """`val-aux/<source><suffix>` values by source, in source order."""
+    return {key[len(SPREAD_PREFIX):-len(suffix)]: float(value) for key, value in sorted(metrics.items())
+            if key.startswith(SPREAD_PREFIX) and key.endswith(suffix)}
+
+
 def collapses(step: int, metrics: dict[str, float], collapse: float) -> dict[str, Collapse | None]:
     """Each source whose evaluation reports its answers' spread: its collapse (module docstring), or None."""
-    found: dict[str, Collapse | None] = {}
-    for key, top in sorted(metrics.items()):
-        if key.startswith(SPREAD_PREFIX) and key.endswith(TOP_SHARE):
-            source = key[len(SPREAD_PREFIX):-len(TOP_SHARE)]
-            truth = metrics.get(f"{SPREAD_PREFIX}{source}{TRUTH_TOP_SHARE}")
-            hit = truth is not None and top >= collapse > truth
-            found[source] = Collapse(source, step, float(top), float(truth)) if hit else None
-    return found
+    truths = per_source(metrics, TRUTH_TOP_SHARE)
+    return {source: Collapse(source, step, top, truths[source])
+            if source in truths and top >= collapse > truths[source] else None
+            for source, top in per_source(metrics, TOP_SHARE).items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,9 +164,8 @@ class BudgetCut:
 
 def budget_cuts(step: int, metrics: dict[str, float], cut: float) -> dict[str, BudgetCut | None]:
     """Each source whose evaluation reports its responses' clip ratio: its `BudgetCut` (module docstring), or None."""
-    return {key[len(SPREAD_PREFIX):-len(CLIP_RATIO)]: BudgetCut(key[len(SPREAD_PREFIX):-len(CLIP_RATIO)], step,
-                                                                 float(ratio)) if ratio >= cut else None
-            for key, ratio in sorted(metrics.items()) if key.startswith(SPREAD_PREFIX) and key.endswith(CLIP_RATIO)}
+    return {source: BudgetCut(source, step, ratio) if ratio >= cut else None
+            for source, ratio in per_source(metrics, CLIP_RATIO).items()}
 
 
 def regressed(before: Evaluation, now: Evaluation) -> bool:
@@ -181,7 +184,7 @@ class RegressionAlarm:
         self,
         evaluations: PositiveInt = 2,  # K: regressed (or below-start) evaluations in a row before it warns
         margin: float | None = 0.05,  # how far below the first evaluation (metric units) is below the start; None: off
-        collapse: float | None = 0.9,  # top_share at or above it (and above truth_top_share) is a collapse; None: off
+        collapse: float | None = COLLAPSE,  # top_share at or above it (and above truth_top_share) is a collapse; None: off
         cut: float | None = 0.1,  # a share of held-out responses at the budget that warns; None: off
     ):
         if evaluations < 1:

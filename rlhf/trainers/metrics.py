@@ -15,10 +15,16 @@ def _stats(prefix: str, values: torch.Tensor) -> dict[str, float]:
     return {f"{prefix}/mean": float(v.mean()), f"{prefix}/max": float(v.max()), f"{prefix}/min": float(v.min())}
 
 
+def response_lengths(batch: Batch) -> torch.Tensor:
+    """(B,) each response's length as generated (EOS included): the attention mask over the response columns
+    (as many as `response_mask` has; its values, the tokens trained on, rollout correction may lower)."""
+    width = batch["response_mask"].shape[1]
+    return batch["attention_mask"][:, batch["attention_mask"].shape[1] - width:].sum(dim=1)
+
+
 def rollout_metrics(batch: Batch, max_new_tokens: int) -> dict[str, float]:
     mask = batch["response_mask"].bool()  # the tokens trained on (rollout correction may reject some)
-    # lengths as generated: the response part of the attention mask (equal to the engine's response mask)
-    lengths = batch["attention_mask"][:, -mask.shape[1]:].sum(dim=1)
+    lengths = response_lengths(batch)
     metrics = {
         **_stats("critic/score", batch["token_level_scores"].sum(dim=1)),
         **_stats("response_length", lengths),

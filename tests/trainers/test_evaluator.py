@@ -93,7 +93,7 @@ def test_responses_at_the_budget_are_counted_per_source(policy):
     metrics = evaluator(SamplingParams(temperature=0.0, max_new_tokens=1))(policy)
     assert metrics["val-aux/arithmetic/response_length/clip_ratio"] == 1.0
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0]])  # prompts of 3, responses of 3
-    rollout = Batch({"attention_mask": mask, "responses": torch.zeros(3, 3, dtype=torch.long)},
+    rollout = Batch({"attention_mask": mask, "response_mask": torch.ones(3, 3, dtype=torch.long)},
                     {"data_source": ["a", "a", "b"]})
     assert budget_reached(rollout, 3) == [("a", False), ("a", True), ("b", False)]
     assert budget_reached(rollout, 2) == [("a", False), ("a", True), ("b", True)]
