@@ -5,7 +5,9 @@
     python benchmarks/transfer.py --tasks 'reasoning_gym/chain_sum={"max_terms": 2}'   # settings as JSON
 
 Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thread): held-out validation on the
-recipe's 200 test rows before training, then `--steps` GRPO steps, then validation again. Reported per task
+recipe's 200 test rows before training, then `--steps` GRPO steps (or fewer: the step that spends
+`--max-train-minutes`, 15 by default, the issue's budget per task, is the last; the row's `stopped_early` says at
+which step), then validation again. Reported per task
 (fractions of the held-out rows, greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for
 "Answer:" form), `base_lenient` / `trained_lenient` (right, format aside), a Wilson 95% interval of the trained
 accuracy, training minutes (the steps' own time, validation excluded), steps, the curve (every step's
@@ -59,6 +61,8 @@ PANEL = [
     'reasoning_gym/lcm={"min_value": 1, "max_value": 30}',
 ]
 TARGETS = {"min_gain": 0.10, "mean_gain": 0.15, "not_below_base_lenient": True}
+TRAIN_MINUTES = 15.0
+"""Each task's training budget on this 2-core machine (the stage's `max_train_minutes`)."""
 
 
 def parse_task(spec: str) -> tuple[str, dict]:
@@ -169,9 +173,10 @@ def source_of(task: str) -> str:
 
 
 def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0,
-                overrides: tuple[str, ...] = ()):
+                overrides: tuple[str, ...] = (), minutes: float | None = None):
     """The recipe's graph for one task: local, untracked, its GRPO stage trained with `seed` (prompt order and
-    sampling; the rows, held-out ones included, stay the same) and `overrides` (`set:` commands, e.g.
+    sampling; the rows, held-out ones included, stay the same), for at most `minutes` of training (the stage's
+    time budget: the step that spends it is the last) and `overrides` (`set:` commands, e.g.
     "set:stages.grpo.prompts_per_step=16") applied after it."""
     import fiddle as fdl
 
@@ -179,7 +184,7 @@ def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: s
 
     recipe = load_experiment(str(ROOT / "experiments" / "smollm2_tasks.py"))
     commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps}{recipe_args})", "fiddler:local",
-                "fiddler:quiet", f"set:stages.grpo.seed={seed}", *overrides]
+                "fiddler:quiet", f"set:stages.grpo.seed={seed}", f"set:stages.grpo.max_train_minutes={minutes}", *overrides]
     graph, _ = build_graph(recipe, commands)
     graph.tracker = fdl.Config(CurveTracker)
     graph.output_dir = str(out)
@@ -187,18 +192,19 @@ def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: s
 
 
 def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0,
-             overrides: tuple[str, ...] = ()) -> dict:
+             overrides: tuple[str, ...] = (), minutes: float | None = None) -> dict:
     """One task, in this process (`panel_graph`); returns the task's row of the panel."""
     import torch
 
     torch.set_num_threads(1)
     from rlhf.runtime.experiment import run_experiment
 
-    graph = panel_graph(task, settings, steps, out, recipe_args, seed, overrides)
+    graph = panel_graph(task, settings, steps, out, recipe_args, seed, overrides, minutes)
     source = source_of(task)
     strict, lenient = f"val-core/{source}/reward/mean@1", f"val-aux/{source}/lenient/mean@1"
     started = time.perf_counter()
-    metrics = run_experiment(graph)["grpo"]["metrics"]
+    result = run_experiment(graph)["grpo"]
+    metrics = result["metrics"]
     wall = time.perf_counter() - started
     validations = [p for p in CurveTracker.curve if strict in p]
     base, trained = validations[0], metrics
@@ -217,6 +223,8 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
         "collapsed": bool(validations[-1].get(f"val-aux/{source}/answers/collapsed", 0.0)),
         "train_minutes": round(train_s / 60, 2), "wall_minutes": round(wall / 60, 2),
         "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
+        # the budget ended training before `steps` (the step it did so at), else None
+        "stopped_early": (result.get("stopped_early") or {}).get("step"),
         "curve": [{"step": p["step"], "score": round(p["critic/score/mean"], 4),
                    "partial_share": round(p[partial], 4) if partial in p else None,
                    "response_length": round(p.get("response_length/mean", 0.0), 1),
@@ -239,15 +247,16 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     return {**row, "shortfall": shortfall(row)}
 
 
-def child(spec: str, steps: int, out: Path, recipe_args: str = "", seed: int = 0, overrides: tuple[str, ...] = ()) -> int:
+def child(spec: str, steps: int, out: Path, recipe_args: str = "", seed: int = 0, overrides: tuple[str, ...] = (),
+          minutes: float | None = None) -> int:
     task, settings = parse_task(spec)
-    row = run_task(task, settings, steps, out, recipe_args, seed, overrides)
+    row = run_task(task, settings, steps, out, recipe_args, seed, overrides, minutes)
     print("RESULT " + json.dumps(row), flush=True)
     return 0
 
 
 def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "", seed: int = 0,
-          overrides: tuple[str, ...] = ()) -> dict:
+          overrides: tuple[str, ...] = (), minutes: float | None = None) -> dict:
     """Run one task in a fresh process (its log beside the results); its row, or the error."""
     name = spec.split("=")[0].replace("/", "_")
     log = workdir / f"{name}.log"
@@ -257,6 +266,7 @@ def spawn(spec: str, steps: int, workdir: Path, recipe_args: str = "", seed: int
     with open(log, "w") as f:
         done = subprocess.run([sys.executable, __file__, "--child", spec, "--steps", str(steps),
                                "--workdir", str(workdir / name), "--recipe-args", recipe_args, "--seed", str(seed),
+                               "--max-train-minutes", str(minutes or 0),
                                *[f"--set={o}" for o in overrides]], stdout=f, stderr=subprocess.STDOUT, env=env)
     results = [line[len("RESULT "):] for line in log.read_text().splitlines() if line.startswith("RESULT ")]
     if done.returncode or not results:
@@ -304,11 +314,14 @@ def main() -> int:
     parser.add_argument("--set", action="append", default=[], metavar="PATH=VALUE",
                         help="a set: override of the graph, e.g. stages.grpo.prompts_per_step=16 (repeatable; "
                         "the JSON records them; the panel's verdict is for the defaults)")
+    parser.add_argument("--max-train-minutes", type=float, default=TRAIN_MINUTES,
+                        help="each task's training time budget: the step that spends it is the last (0: none)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed, overrides(args))
+        return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed, overrides(args),
+                     args.max_train_minutes or None)
     specs = PANEL if args.tasks is None else split_specs(args.tasks)
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="transfer-"))
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
@@ -327,6 +340,7 @@ def main() -> int:
             "recipe": "experiments/smollm2_tasks.py" + (f" base(...{args.recipe_args})" if args.recipe_args
                                                         else " (defaults)"),
             "model": "SmolLM2-135M-Instruct, fp32, CPU", "steps": args.steps, "seed": args.seed, "overrides": list(overrides(args)),
+            "max_train_minutes": args.max_train_minutes or None,
             "parallel": args.parallel, "targets": TARGETS, "verdict": verdict(rows),
             "finished": len(done) == len(specs), "wall_minutes": round((time.perf_counter() - started) / 60, 1),
             "load_average": {"before": [round(x, 2) for x in load_before],
@@ -338,7 +352,8 @@ def main() -> int:
         return result
 
     def one(i: int) -> None:
-        row = spawn(specs[i], args.steps, workdir, args.recipe_args, args.seed, overrides(args))
+        row = spawn(specs[i], args.steps, workdir, args.recipe_args, args.seed, overrides(args),
+                    args.max_train_minutes or None)
         with lock:
             done[i] = row
             write()

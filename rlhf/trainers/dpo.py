@@ -25,7 +25,7 @@ from rlhf.batch import Batch
 from rlhf.data.preferences import PreferenceDataset
 from rlhf.data.sft import padding_fraction
 from rlhf.io.atomic import atomic_write_dir
-from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks
@@ -66,12 +66,13 @@ class DPOTrainer(SFTTrainer):
         cache_reference: bool = True,  # reference log-probs computed once and kept; False: by the worker each step
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` always)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        max_train_minutes: PositiveFloat | None = None,  # stop after the step that spends it (SFTTrainer)
         seed: NonNegativeInt = 0,
     ):
         super().__init__(policy, data, batch_size=batch_size, total_steps=total_steps, evaluator=evaluator,
                          val_data=val_data, val_batch_size=val_batch_size, test_freq=test_freq,
                          val_before_train=val_before_train, bucketed=bucketed, save_freq=save_freq,
-                         keep_checkpoints=keep_checkpoints, seed=seed)
+                         keep_checkpoints=keep_checkpoints, max_train_minutes=max_train_minutes, seed=seed)
         self.loss = loss
         self.cache_reference = cache_reference
         self.reference: dict[str, torch.Tensor] = {}  # split -> (2N,) reference log-prob of each row

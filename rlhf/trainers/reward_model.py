@@ -18,10 +18,11 @@ import torch
 from rlhf.algos import BradleyTerryLoss
 from rlhf.batch import Batch
 from rlhf.data.preferences import PreferenceDataset
-from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.metrics import mean_over_ranks
 from rlhf.trainers.supervised_loop import SupervisedLoop
+from rlhf.trainers.time_budget import TimeBudget
 
 
 def pair_scores(rm, data: PreferenceDataset, batch_size: int, limit: int | None = None) -> torch.Tensor:
@@ -72,6 +73,8 @@ class RewardModelTrainer(SupervisedLoop):
         stats_pairs: PositiveInt | None = 2048,
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        # stop after the step that spends this many minutes of training (rlhf.trainers.time_budget); None: total_steps
+        max_train_minutes: PositiveFloat | None = None,
         seed: NonNegativeInt = 0,
     ):
         if batch_size % rm.world_size:
@@ -91,6 +94,7 @@ class RewardModelTrainer(SupervisedLoop):
         self.save_freq = save_freq
         self.keep_checkpoints = keep_checkpoints
         self.seed = seed
+        self.budget = TimeBudget(max_train_minutes)
         self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     @property

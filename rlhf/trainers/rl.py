@@ -50,7 +50,7 @@ from rlhf.algos.pf_ppo import Weighting
 from rlhf.algos.requirements import estimator_needs, setup_problems
 from rlhf.batch import Batch
 from rlhf.data.prompts import PromptDataset
-from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.data.streaming import StreamingPromptDataset
 from rlhf.rewards.manager import RewardManager
 from rlhf.rollout.sampling import SamplingParams
@@ -64,6 +64,7 @@ from rlhf.trainers.metrics import mean_over_ranks, rollout_metrics
 from rlhf.trainers.records import RolloutRecorder, truncate_records
 from rlhf.trainers.rollout_producer import RolloutProducer, SingleTurn
 from rlhf.trainers.scoring import score_rollout
+from rlhf.trainers.time_budget import TimeBudget
 from rlhf.trainers.timing import timed
 from rlhf.workers.policy_group import PolicyGroup
 
@@ -161,6 +162,7 @@ class RLTrainer:
         # the loss needs the behaviour log-probs: rollout_correction or PolicyObjective.decoupled); None: each
         # step generates with the policy's engine
         async_rollout: AsyncRollout | None = None,
+        max_train_minutes: PositiveFloat | None = None,  # stop after the step that spends it (TimeBudget); None: off
         seed: NonNegativeInt = 0,
     ):
         _refuse_bad_setups(train_data, reward, advantage, sampling, critic=critic, dynamic_sampling=dynamic_sampling,
@@ -176,15 +178,12 @@ class RLTrainer:
         self.critic, self.critic_warmup = critic, critic_warmup
         self.kl_in_reward, self.kl_estimator = kl_in_reward, kl_estimator
         self.evaluator = evaluator
-        self.test_freq = test_freq
-        self.val_before_train = val_before_train
+        self.test_freq, self.val_before_train = test_freq, val_before_train
         self.heldout = self._heldout_watch(evaluator, heldout_metric, regression_alarm)
         self.save_freq, self.keep_checkpoints = save_freq, keep_checkpoints
         self.max_nonfinite_steps = max_nonfinite_steps
         self.records = records() if records is not None else None
-        self.reward_model = reward_model
-        self.reward_model_weight = reward_model_weight
-        self.rule_weight = rule_weight
+        self.reward_model, self.reward_model_weight, self.rule_weight = reward_model, reward_model_weight, rule_weight
         self.rollout_correction = rollout_correction
         self.dynamic_sampling = dynamic_sampling
         self.pf_ppo = pf_ppo
@@ -192,6 +191,7 @@ class RLTrainer:
         self.async_rollout = async_rollout
         self.estimator_needs = estimator_needs(advantage)
         self.seed = seed
+        self.budget = TimeBudget(max_train_minutes)
         self._rollouts: SyncRollout | AsyncRollout | None = None  # where the current run's steps take their batches
         self._data_position = None  # a streaming dataset's position, restored from a checkpoint
         self._resumed_rollout = None  # the asynchronous queue's state and the checkpoint folder holding it
@@ -208,14 +208,15 @@ class RLTrainer:
             ctx.log(self._validate(0, ctx), 0)
         self._rollouts = self._rollout_source(start)
         try:
-            metrics = self._train(self._rollouts, columns, start, checkpoints, ctx)
+            metrics, step = self._train(self._rollouts, columns, start, checkpoints, ctx)
         finally:
             self._rollouts.close()
         checkpoint = self.policy.save(str(ctx.out_dir / "final"))[0]
         best = self.heldout.result() if self.heldout is not None else {}
         if best:  # the weights of the best evaluation, beside final/ (`rlhf export <stage>/best OUT`)
             best["best_checkpoint"] = str(ctx.out_dir / "best")
-        return {"checkpoint": checkpoint, "metrics": metrics, **best}
+        return {"checkpoint": checkpoint, "metrics": metrics, **best,
+                **self.budget.stopped_early(step, self.total_steps)}
 
     @staticmethod
     def _heldout_watch(evaluator: Evaluator | None, metric: str | None,
@@ -248,16 +249,21 @@ class RLTrainer:
         return {**metrics, **verdict.metrics}
 
     def _train(self, rollouts: SyncRollout | AsyncRollout, columns: dict[str, bool], start: int,
-               checkpoints: CheckpointManager, ctx: StageContext) -> dict[str, float]:
-        """Steps start+1 .. total_steps (step, validate, log, record, checkpoint); the last step's metrics."""
+               checkpoints: CheckpointManager, ctx: StageContext) -> tuple[dict[str, float], int]:
+        """Steps start+1 .. total_steps, or to the step that spends `max_train_minutes` (step, validate, log,
+        record, checkpoint); the last step's metrics and number."""
+        end = start if self.budget.exhausted else self.total_steps  # resumed after the budget was spent: no steps
         bar = tqdm(
-            range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
+            range(start + 1, end + 1), initial=start, total=self.total_steps,
             desc=ctx.name, disable=not ctx.progress, mininterval=1.0,
         )
         metrics = self._metrics  # a run resumed at its last step reports that step's metrics
         bad_steps = 0
+        step = start
         for step in bar:
             metrics, batch = self.step(rollouts, columns, step)
+            metrics.update(self.budget.spend(metrics))
+            last = step == self.total_steps or self.budget.exhausted
             if self.heldout is not None and "critic/score/mean" in metrics:
                 self.heldout.after_step(metrics["critic/score/mean"])
             bad_steps = bad_steps + 1 if metrics.get("actor/nonfinite_steps") or metrics.get("critic/nonfinite_steps") else 0
@@ -267,20 +273,22 @@ class RLTrainer:
                     "were skipped and no checkpoint with non-finite weights was written. Lower the learning rate, "
                     "check rewards for NaN, or raise RLTrainer.max_nonfinite_steps."
                 )
-            if self.evaluator is not None and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
+            if self.evaluator is not None and (last or (self.test_freq and step % self.test_freq == 0)):
                 metrics.update(self._validate(step, ctx))
             ctx.log(metrics, step)
             self._metrics = metrics
             if self.records is not None:
                 self.records.write(ctx.out_dir, step, batch, batch["response_text"],
                                    functools.partial(self._prompt_texts, batch), self.tokenizer)
-            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
+            if self.save_freq and (step % self.save_freq == 0 or last):
                 self.save(checkpoints, step, ctx)
             bar.set_postfix(
                 reward=f"{metrics['critic/score/mean']:.3f}", pg_loss=f"{metrics.get('actor/pg_loss', 0.0):.3f}",
                 refresh=False,
             )
-        return metrics
+            if last:
+                break
+        return metrics, step
 
     def _rollout_source(self, start: int) -> SyncRollout | AsyncRollout:
         """Where the steps after `start` take their scored batches: made when a step asks, with the policy
@@ -523,6 +531,7 @@ class RLTrainer:
                 "kl_in_reward": self.kl_in_reward.state_dict() if self.kl_in_reward is not None else None,
                 "metrics": self._metrics,  # what the stage reports if it resumes here at its last step
                 "heldout": self.heldout.state_dict() if self.heldout is not None else None,
+                "time_budget": self.budget.state_dict(),
                 **rollouts.state,  # data_position (streaming datasets); async_rollout: its queue's state
             }
             return checkpoints.save(step, write_parts, state)
@@ -544,6 +553,7 @@ class RLTrainer:
         self._data_position = state.get("data_position")
         self._resumed_rollout = (state.get("async_rollout"), folder) if folder is not None else None
         self._metrics = dict(state.get("metrics") or {})
+        self.budget.load_state_dict(state.get("time_budget") or {})
         if self.heldout is not None:
             self.heldout.load_state_dict(state.get("heldout") or {})
             best = json.loads((ctx.out_dir / BEST_FILE).read_text()) if (ctx.out_dir / BEST_FILE).is_file() else {}

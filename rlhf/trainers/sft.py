@@ -12,11 +12,12 @@ from __future__ import annotations
 import time
 
 from rlhf.data.sft import SFTDataset, padding_fraction
-from rlhf.ranges import NonNegativeInt, PositiveInt
+from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks
 from rlhf.trainers.supervised_loop import SupervisedLoop
+from rlhf.trainers.time_budget import TimeBudget
 
 
 def validation_loss(policy, data: SFTDataset, batch_size: int) -> dict[str, float]:
@@ -56,6 +57,8 @@ class SFTTrainer(SupervisedLoop):
         bucketed: bool = True,  # batches of similar lengths (less padding; see length_bucketed_batches); False: random
         save_freq: NonNegativeInt = 0,  # full checkpoint every k steps and at the end (0: none; `final/` is always written)
         keep_checkpoints: PositiveInt = 2,  # complete checkpoints kept (oldest deleted)
+        # stop after the step that spends this many minutes of training (rlhf.trainers.time_budget); None: total_steps
+        max_train_minutes: PositiveFloat | None = None,
         seed: NonNegativeInt = 0,
     ):
         self.policy = policy
@@ -71,6 +74,7 @@ class SFTTrainer(SupervisedLoop):
         self.save_freq = save_freq
         self.keep_checkpoints = keep_checkpoints
         self.seed = seed
+        self.budget = TimeBudget(max_train_minutes)
         self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     @property

@@ -2,7 +2,8 @@
 
 resume from the newest intact checkpoint -> record the data's fingerprints -> (validate the start) -> per step:
 a batch, an update, its metrics, validation every `test_freq` steps and at the end, a checkpoint every
-`save_freq` steps -> the stage's `final/` folder. The step is the data position (`shuffled(start_step=...)`),
+`save_freq` steps and at the end -> the stage's `final/` folder. The end is `total_steps`, or the step that spends
+`max_train_minutes` (`TimeBudget`). The step is the data position (`shuffled(start_step=...)`),
 so a run killed anywhere resumes exactly. A stage says what it trains (`trained`, kept in the checkpoint's
 `part` subfolder), how it steps and validates, and what its end writes (`finish`); the rest is decided here once.
 """
@@ -17,6 +18,7 @@ from tqdm.auto import tqdm
 
 from rlhf.trainers.checkpoint import CheckpointManager
 from rlhf.trainers.context import StageContext
+from rlhf.trainers.time_budget import TimeBudget
 
 
 class SupervisedLoop(ABC):
@@ -35,6 +37,7 @@ class SupervisedLoop(ABC):
     save_freq: int
     keep_checkpoints: int
     seed: int
+    budget: TimeBudget  # max_train_minutes; spent time is kept in checkpoints
     _metrics: dict[str, float]  # the last step's metrics (saved with each checkpoint)
 
     @property
@@ -69,19 +72,25 @@ class SupervisedLoop(ABC):
         if self.val_before_train and start == 0 and self.validates():
             ctx.log(self.validate(), 0)
         batches = self.data.shuffled(self.batch_size, self.seed, start_step=start, bucketed=self.bucketed)
-        bar = tqdm(range(start + 1, self.total_steps + 1), initial=start, total=self.total_steps,
+        end = start if self.budget.exhausted else self.total_steps  # resumed after the budget was spent: no steps
+        bar = tqdm(range(start + 1, end + 1), initial=start, total=self.total_steps,
                    desc=ctx.name, disable=not ctx.progress, mininterval=1.0)
         metrics = self._metrics  # a run resumed at its last step reports that step's metrics
+        step = start
         for step in bar:
             metrics = self.step(next(batches))
-            if self.validates() and (step == self.total_steps or (self.test_freq and step % self.test_freq == 0)):
+            metrics.update(self.budget.spend(metrics))
+            last = step == self.total_steps or self.budget.exhausted
+            if self.validates() and (last or (self.test_freq and step % self.test_freq == 0)):
                 metrics.update(self.validate())
             ctx.log(metrics, step)
             self._metrics = metrics
-            if self.save_freq and (step % self.save_freq == 0 or step == self.total_steps):
+            if self.save_freq and (step % self.save_freq == 0 or last):
                 self.save(checkpoints, step)
             bar.set_postfix(loss=f"{metrics[self.loss_metric]:.3f}", refresh=False)
-        return self.finish(ctx, metrics)
+            if last:
+                break
+        return {**self.finish(ctx, metrics), **self.budget.stopped_early(step, self.total_steps)}
 
     # -------------------------------------------------------- checkpoints
     def save(self, checkpoints: CheckpointManager, step: int) -> Path:
@@ -91,7 +100,7 @@ class SupervisedLoop(ABC):
                 f"Resume from {checkpoints.latest() or 'the start'} with a lower learning rate."
             )
         return checkpoints.save(step, lambda folder: self.trained.save_state(str(folder / self.part)),
-                                {"metrics": self._metrics})
+                                {"metrics": self._metrics, "time_budget": self.budget.state_dict()})
 
     def restore(self, checkpoints: CheckpointManager, ctx: StageContext) -> int:
         """Load the newest intact checkpoint, if any (broken ones are set aside with a warning and
@@ -100,4 +109,5 @@ class SupervisedLoop(ABC):
         if folder is not None or skipped:
             ctx.record({"resume": {"from": str(folder), "skipped": skipped}})
         self._metrics = dict(state.get("metrics") or {})
+        self.budget.load_state_dict(state.get("time_budget") or {})
         return int(state["step"])

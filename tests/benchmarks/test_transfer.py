@@ -70,6 +70,12 @@ def test_set_overrides_reach_the_graph_after_the_seed(tmp_path):
     assert (graph.stages["grpo"].prompts_per_step, graph.stages["grpo"].sampling.n, graph.stages["grpo"].seed) == (16, 4, 1)
 
 
+@pytest.mark.parametrize("minutes", [None, transfer.TRAIN_MINUTES, 0.5])
+def test_the_training_budget_reaches_the_stage(tmp_path, minutes):
+    graph = transfer.panel_graph("reasoning_gym/gcd", {}, 3, tmp_path, minutes=minutes)
+    assert graph.stages["grpo"].max_train_minutes == minutes
+
+
 def spread(top, truth, accuracy=None, step=10):
     return {"step": step, "accuracy": accuracy, "top_share": top, "truth_top_share": truth}
 
