@@ -22,7 +22,6 @@ from rlhf.ranges import NonNegativeInt, PositiveFloat, PositiveInt
 from rlhf.trainers.context import StageContext
 from rlhf.trainers.metrics import mean_over_ranks
 from rlhf.trainers.supervised_loop import SupervisedLoop
-from rlhf.trainers.time_budget import TimeBudget
 
 
 def pair_scores(rm, data: PreferenceDataset, batch_size: int, limit: int | None = None) -> torch.Tensor:
@@ -81,21 +80,12 @@ class RewardModelTrainer(SupervisedLoop):
             raise ValueError(f"RewardModelTrainer: batch_size={batch_size} pairs do not split evenly over "
                              f"{rm.world_size} reward-model workers (each takes whole pairs); use a multiple of "
                              f"{rm.world_size}")
+        super().__init__(data, batch_size=batch_size, total_steps=total_steps, val_data=val_data,
+                         val_batch_size=val_batch_size, test_freq=test_freq, val_before_train=val_before_train,
+                         bucketed=bucketed, save_freq=save_freq, keep_checkpoints=keep_checkpoints,
+                         max_train_minutes=max_train_minutes, seed=seed)
         self.rm = rm
-        self.data = data
-        self.batch_size = batch_size
-        self.total_steps = total_steps
-        self.val_data = val_data
-        self.val_batch_size = val_batch_size
-        self.test_freq = test_freq
-        self.val_before_train = val_before_train
-        self.bucketed = bucketed
         self.stats_pairs = stats_pairs
-        self.save_freq = save_freq
-        self.keep_checkpoints = keep_checkpoints
-        self.seed = seed
-        self.budget = TimeBudget(max_train_minutes)
-        self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     @property
     def trained(self):

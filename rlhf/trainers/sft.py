@@ -17,7 +17,6 @@ from rlhf.trainers.context import StageContext
 from rlhf.trainers.evaluate import Evaluator
 from rlhf.trainers.metrics import mean_over_ranks
 from rlhf.trainers.supervised_loop import SupervisedLoop
-from rlhf.trainers.time_budget import TimeBudget
 
 
 def validation_loss(policy, data: SFTDataset, batch_size: int) -> dict[str, float]:
@@ -61,21 +60,12 @@ class SFTTrainer(SupervisedLoop):
         max_train_minutes: PositiveFloat | None = None,
         seed: NonNegativeInt = 0,
     ):
+        super().__init__(data, batch_size=batch_size, total_steps=total_steps, val_data=val_data,
+                         val_batch_size=val_batch_size, test_freq=test_freq, val_before_train=val_before_train,
+                         bucketed=bucketed, save_freq=save_freq, keep_checkpoints=keep_checkpoints,
+                         max_train_minutes=max_train_minutes, seed=seed)
         self.policy = policy
-        self.data = data
-        self.batch_size = batch_size
-        self.total_steps = total_steps
         self.evaluator = evaluator
-        self.val_data = val_data
-        self.val_batch_size = val_batch_size
-        self.test_freq = test_freq
-        self.val_before_train = val_before_train
-        self.bucketed = bucketed
-        self.save_freq = save_freq
-        self.keep_checkpoints = keep_checkpoints
-        self.seed = seed
-        self.budget = TimeBudget(max_train_minutes)
-        self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     @property
     def trained(self):

@@ -22,23 +22,31 @@ from rlhf.trainers.time_budget import TimeBudget
 
 
 class SupervisedLoop(ABC):
-    """Base of the supervised trainers; a subclass sets the attributes below in its `__init__`."""
+    """Base of the supervised trainers; a subclass passes its loop settings to `__init__` and sets the class
+    attributes below."""
 
     loss_metric: str  # shown on the progress bar
     part: str  # the checkpoint subfolder of the trained group's state ("policy", "rm")
     weights_name: str  # in the error that refuses a checkpoint of non-finite weights
-    data: Any  # training rows: `fingerprint` and `shuffled(batch_size, seed, start_step=, bucketed=)`
-    val_data: Any
-    batch_size: int
-    total_steps: int
-    test_freq: int
-    val_before_train: bool
-    bucketed: bool
-    save_freq: int
-    keep_checkpoints: int
-    seed: int
-    budget: TimeBudget  # max_train_minutes; spent time is kept in checkpoints
-    _metrics: dict[str, float]  # the last step's metrics (saved with each checkpoint)
+
+    def __init__(self, data: Any, *, batch_size: int, total_steps: int, val_data: Any, val_batch_size: int,
+                 test_freq: int, val_before_train: bool, bucketed: bool, save_freq: int, keep_checkpoints: int,
+                 max_train_minutes: float | None, seed: int):
+        """The settings every supervised stage has (each subclass's signature documents them). `data`: training
+        rows with `fingerprint` and `shuffled(batch_size, seed, start_step=, bucketed=)`."""
+        self.data = data
+        self.batch_size = batch_size
+        self.total_steps = total_steps
+        self.val_data = val_data
+        self.val_batch_size = val_batch_size
+        self.test_freq = test_freq
+        self.val_before_train = val_before_train
+        self.bucketed = bucketed
+        self.save_freq = save_freq
+        self.keep_checkpoints = keep_checkpoints
+        self.budget = TimeBudget(max_train_minutes)  # spent time is kept in checkpoints
+        self.seed = seed
+        self._metrics: dict[str, float] = {}  # the last step's metrics (saved with each checkpoint)
 
     @property
     @abstractmethod
