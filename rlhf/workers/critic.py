@@ -28,7 +28,8 @@ from rlhf.workers.memory import (
     training_activation_terms, update_terms,
 )
 from rlhf.workers.precision import DType, check_trainable_precision
-from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
+from rlhf.workers.dispatch import shard, shard_exact
+from rlhf.workers.trained_model import TrainsOneModel
 from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup
 
 
@@ -75,7 +76,7 @@ def plan_critic(
     return CriticPlan(model_path, dtype, training, value_loss if value_loss is not None else ClippedValueLoss())
 
 
-class CriticWorker:
+class CriticWorker(TrainsOneModel):
     """Computes and trains values on one data-parallel rank."""
 
     def __init__(
@@ -165,14 +166,3 @@ class CriticWorker:
         out["timing_s/update_critic_worker"] = time.perf_counter() - start
         return out
 
-    @on_all_ranks
-    def save_state(self, path: str) -> None:
-        self.trainer.save_state(path)
-
-    @on_all_ranks
-    def load_state(self, path: str) -> None:
-        self.trainer.load_state(path)
-
-    @on_all_ranks
-    def weights_finite(self) -> bool:
-        return self.trainer.parameters_finite()

@@ -39,7 +39,7 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.signatures import with_defaults
 from rlhf.workers.adapter_save import save_merged_and_adapter
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.workers.fsdp import describe_placement, full_tensor, local_parameter_bytes, strategy_name
+from rlhf.workers.fsdp import describe_placement, local_parameter_bytes, strategy_name
 from rlhf.workers.lora import merged, save_adapter_config, set_base_model
 from rlhf.workers.memory import MemoryEstimate, Placement, Workload
 from rlhf.workers.policy_engine import HybridEngine
@@ -50,6 +50,7 @@ from rlhf.workers.response_log_probs import (
     response_log_probs, response_log_probs_with_top_k, response_outputs, teacher_scores,
 )
 from rlhf.workers.rollout_gap import RolloutGap
+from rlhf.workers.trained_model import TrainsOneModel
 from rlhf.workers.training import OptimizerFactory, SchedulerFactory, TrainingSetup, place_model
 from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
 
@@ -57,7 +58,7 @@ from rlhf.workers.weight_sync import NamedTensors, PublishesWeights
 __all__ = ["SHARED_REFERENCE", "PolicyWorker", "response_log_probs"]
 
 
-class PolicyWorker(PublishesWeights):
+class PolicyWorker(TrainsOneModel, PublishesWeights):
     """Generates, scores log-probs and trains the policy on one data-parallel rank; publishes its weights
     to a rollout group for asynchronous rollout (`PublishesWeights`, docs/async.md)."""
 
@@ -409,7 +410,7 @@ class PolicyWorker(PublishesWeights):
         plus the model config and tokenizer in `hf/`, so `rlhf export` can rebuild the model; with an
         adapter, only the adapter's weights are saved (the base comes from the model path) and `hf/`
         holds `adapter_config.json` too, naming the base model."""
-        self.trainer.save_state(path)
+        super().save_state(path)
         if self.trainer.accelerator.is_main_process:
             model = self.trainer.unwrapped()
             model.config.save_pretrained(f"{path}/hf")
@@ -422,7 +423,7 @@ class PolicyWorker(PublishesWeights):
 
     @on_all_ranks
     def load_state(self, path: str) -> None:
-        self.trainer.load_state(path)
+        super().load_state(path)
         self.hybrid.weights_changed()
 
     @on_all_ranks
@@ -448,11 +449,3 @@ class PolicyWorker(PublishesWeights):
         gc.collect()  # the module's parameters are freed now, not at the next collection of a reference cycle
         return freed
 
-    @on_all_ranks
-    def weights_finite(self) -> bool:
-        return self.trainer.parameters_finite()
-
-    @on_all_ranks
-    def parameters_digest(self) -> dict[str, torch.Tensor]:
-        """A copy of the actor's parameters (tests compare ranks and runtimes with it)."""
-        return {k: full_tensor(v).detach().cpu().clone() for k, v in self.trainer.unwrapped().state_dict().items()}

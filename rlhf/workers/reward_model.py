@@ -41,7 +41,7 @@ from rlhf.ranges import PositiveInt
 from rlhf.signatures import with_defaults
 from rlhf.workers.adapter_save import save_merged_and_adapter
 from rlhf.workers.dispatch import on_all_ranks, shard, shard_exact
-from rlhf.workers.fsdp import FSDP, describe_placement, full_tensor
+from rlhf.workers.fsdp import FSDP, describe_placement
 from rlhf.workers.memory import (
     MemoryEstimate, Placement, Term, Workload, between_updates, dtype_bytes, estimate, forward_terms,
     frozen_model_terms, fsdp_forward_start_terms, fsdp_root_terms, largest, micro_batch, model_shape,
@@ -50,6 +50,7 @@ from rlhf.workers.memory import (
 from rlhf.workers.lora import set_base_model
 from rlhf.workers.micro_batches import restore_order
 from rlhf.workers.precision import DType, check_trainable_precision
+from rlhf.workers.trained_model import TrainsOneModel
 from rlhf.workers.training import ModelTrainer, OptimizerFactory, SchedulerFactory, TrainingSetup
 
 STATS_KEYS = ("reward_mean", "reward_std")
@@ -226,7 +227,7 @@ def plan_reward_model(
                            dtype if trained else training.compute_dtype)
 
 
-class RewardModelWorker:
+class RewardModelWorker(TrainsOneModel):
     """Scores conversations with a reward model on one data-parallel rank; trains it when given a `loss`."""
 
     def __init__(
@@ -427,20 +428,3 @@ class RewardModelWorker:
         return save_merged_and_adapter(self.trainer, self.adapter, self.base_model, self.tokenizer, path,
                                        auto_class=AutoModelForSequenceClassification)
 
-    @on_all_ranks
-    def save_state(self, path: str) -> None:
-        """Trained weights, optimizer, LR schedule and RNG states for an exact resume (rlhf.workers.state_io)."""
-        self.trainer.save_state(path)
-
-    @on_all_ranks
-    def load_state(self, path: str) -> None:
-        self.trainer.load_state(path)
-
-    @on_all_ranks
-    def weights_finite(self) -> bool:
-        return self.trainer.parameters_finite()
-
-    @on_all_ranks
-    def parameters_digest(self) -> dict[str, torch.Tensor]:
-        """A copy of the model's parameters (tests compare runs and ranks with it)."""
-        return {k: full_tensor(v).detach().cpu().clone() for k, v in self.trainer.unwrapped().state_dict().items()}
