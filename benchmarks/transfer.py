@@ -172,6 +172,20 @@ def source_of(task: str) -> str:
     return "arithmetic" if task == "arithmetic" else task
 
 
+def load_recipe():
+    """experiments/smollm2_tasks.py, the recipe the panel runs."""
+    from rlhf.cli.experiment import load_experiment
+
+    return load_experiment(str(ROOT / "experiments" / "smollm2_tasks.py"))
+
+
+def recipe_steps() -> int:
+    """The recipe's own default step count (`base(steps=...)`): the panel's default, decided in one place."""
+    import inspect
+
+    return inspect.signature(load_recipe().base).parameters["steps"].default
+
+
 def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: str = "", seed: int = 0,
                 overrides: tuple[str, ...] = (), minutes: float | None = None):
     """The recipe's graph for one task: local, untracked, its GRPO stage trained with `seed` (prompt order and
@@ -180,9 +194,9 @@ def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: s
     "set:stages.grpo.prompts_per_step=16") applied after it."""
     import fiddle as fdl
 
-    from rlhf.cli.experiment import build_graph, load_experiment
+    from rlhf.cli.experiment import build_graph
 
-    recipe = load_experiment(str(ROOT / "experiments" / "smollm2_tasks.py"))
+    recipe = load_recipe()
     commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps}{recipe_args})", "fiddler:local",
                 "fiddler:quiet", f"set:stages.grpo.seed={seed}", f"set:stages.grpo.max_train_minutes={minutes}", *overrides]
     graph, _ = build_graph(recipe, commands)
@@ -304,7 +318,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", default=None, help="comma-separated task specs (default: the panel); a spec is "
                         "'task' or 'task={json settings}' (commas inside the braces are the settings')")
-    parser.add_argument("--steps", type=int, default=10, help="GRPO steps per task (the recipe's default)")
+    parser.add_argument("--steps", type=int, default=None, help="GRPO steps per task (default: the recipe's)")
     parser.add_argument("--parallel", type=int, default=2, help="tasks at a time (one thread each)")
     parser.add_argument("--out", default=None, help="folder for the JSON (default: a temporary folder)")
     parser.add_argument("--recipe-args", default="", help='more arguments of the recipe\'s base(), e.g. '
@@ -319,6 +333,7 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    args.steps = args.steps if args.steps is not None else recipe_steps()
     if args.child:
         return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed, overrides(args),
                      args.max_train_minutes or None)

@@ -7,8 +7,9 @@
     python experiments/smollm2_tasks.py --config fiddler:smoke                     # 2 tiny steps (tests)
 
 Its parts, each chosen for a mechanism rather than a task (docs/bring_your_own_model.md has the measured panel:
-held-out accuracy +14.9 points on average over eight tasks in four seeds (+10.7 to +19.7), 3-4 of eight +10 or more
-in each, never the same ones: one task's gain moves by up to 57 points between seeds, so watch the held-out curve):
+held-out accuracy +19.6 points on average over eight tasks in four seeds (+17.9 to +21.5), 4-5 of eight +10 or more in
+each; basic_arithmetic and lcm never gain 10, and letter_counting collapses onto its most common answer, so watch
+the held-out curve):
 - **The answer is asked for in a form the model follows and a scorer reads without guessing**: "The answer is
   <answer>." (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`; SmolLM2 follows it in 23 of 24 greedy replies, a last
   line "Answer: ..." in 1 of 24), read by `rlhf.rewards.final_answer.final_answer`.
@@ -33,7 +34,8 @@ in each, never the same ones: one task's gain moves by up to 57 points between s
 
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8
-samples per step, 10 steps. Rows of groups whose samples scored alike cost nothing in the update (it leaves them
+samples per step, 16 steps (10 until 2026-11-29: a mean gain of +14.9 over four seeds, +10.7 to +19.7; 16 steps
+see 128 questions instead of 80, and the seeds' means moved closer together). Rows of groups whose samples scored alike cost nothing in the update (it leaves them
 out: docs/training_step.md).
 """
 
@@ -108,7 +110,7 @@ def task_scorers(task: str, scorer: Any = None) -> tuple[dict, dict]:
 
 
 def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
-         model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 10, lr: float = 2e-5,
+         model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 16, lr: float = 2e-5,
          max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2,
          temperature: float = 0.7, norm_by_std: bool = False, kl_coef: float = 0.0,
          sampling_rounds: int = 1) -> fdl.Config[Experiment]:

@@ -70,6 +70,11 @@ def test_set_overrides_reach_the_graph_after_the_seed(tmp_path):
     assert (graph.stages["grpo"].prompts_per_step, graph.stages["grpo"].sampling.n, graph.stages["grpo"].seed) == (16, 4, 1)
 
 
+def test_the_panel_runs_the_recipes_own_step_count_by_default(tmp_path):
+    graph = transfer.panel_graph("reasoning_gym/gcd", {}, transfer.recipe_steps(), tmp_path)
+    assert graph.stages["grpo"].total_steps == transfer.load_recipe().base().stages["grpo"].total_steps
+
+
 @pytest.mark.parametrize("minutes", [None, transfer.TRAIN_MINUTES, 0.5])
 def test_the_training_budget_reaches_the_stage(tmp_path, minutes):
     graph = transfer.panel_graph("reasoning_gym/gcd", {}, 3, tmp_path, minutes=minutes)
