@@ -113,15 +113,17 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
          model: str = "smollm2-135m-instruct", scorer: Any = None, steps: int = 16, lr: float = 2e-5,
          max_new_tokens: int = 64, unformatted_credit: float = 0.1, mini_batches: int = 2,
          temperature: float = 0.7, norm_by_std: bool = False, kl_coef: float = 0.0,
-         sampling_rounds: int = 1) -> fdl.Config[Experiment]:
+         sampling_rounds: int = 1, answer_last: bool = False) -> fdl.Config[Experiment]:
     """GRPO from the instruct model on `task` (module docstring): 8 prompts x 8 samples, `steps` steps.
     `kl_coef` > 0 adds a k3 KL-to-the-instruct-model loss (a frozen reference beside the actor); 0: none.
     `sampling_rounds` > 1: DAPO's dynamic sampling, up to that many rounds of 8 prompts per step until 8 groups have
-    reward spread (tried at 2 on the panel: no better, docs/bring_your_own_model.md); 1: one round."""
+    reward spread (tried at 2 on the panel: no better, docs/bring_your_own_model.md); 1: one round.
+    `answer_last`: full credit only for a reply that ENDS with its answer, as the instruction asks
+    (`RightAnswerReward(answer_last=True)`); held-out accuracy reads the answer as before either way."""
     model_path = fdl.Config(model_folder, model)
     tokenizer = fdl.Config(load_tokenizer, model_path)
     strict, lenient = task_scorers(task, scorer)
-    reward = {source: fdl.Config(RightAnswerReward, rule, unformatted_credit=unformatted_credit)
+    reward = {source: fdl.Config(RightAnswerReward, rule, unformatted_credit=unformatted_credit, answer_last=answer_last)
               for source, rule in strict.items()}
     evaluator = fdl.Config(
         Evaluator,

@@ -66,6 +66,24 @@ def final_answer(response: str) -> str | None:
     return boxed.strip() if boxed is not None and boxed.strip() else None
 
 
+def answer_ends_reply(response: str) -> bool:
+    """Whether the reply ends with its final answer, as an instruction "End your reply with ..." asks: the
+    `final_answer` was read from the last non-empty line (an "Answer:" line runs to the end by construction).
+    False when there is no final answer, and for a reply that goes on after it: a justification written after the
+    answer, the answer said again and then a different one, a reply the response budget cut off mid-sentence."""
+    text = _without_end_markers(response)
+    if final_answer(text) is None:
+        return False
+    matches = list(_ANSWER_LINE.finditer(text))
+    if matches and _clean(text[matches[-1].start("rest"):]):
+        return True
+    sentences = list(_ANSWER_IS.finditer(text))
+    if sentences and _clean(sentences[-1].group("rest")).rstrip("."):
+        return not text[sentences[-1].end():].strip()
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\\boxed" in lines[-1] or "\\fbox" in lines[-1]
+
+
 def lenient_answers(response: str) -> list[str]:
     """What a reader ignoring the asked-for format would take as the answer, in this order, without repeats:
     the final answer (if any), the last non-empty line, the last number (thousands commas removed)."""
@@ -192,9 +210,17 @@ class RightAnswerReward:
     same push whatever its credit, while a small credit lets a right answer in the form outrank unformatted right
     answers in the same group (with 0.5, SmolLM2 learnt to be right without the form: 0% strict, 60% lenient).
     `partial` is 1.0 when the reward came only from the unformatted credit, which the RL metrics report per step
-    (`reward/extra/<source>/partial/mean`)."""
+    (`reward/extra/<source>/partial/mean`).
 
-    def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.1) -> None:
+    `answer_last`: full credit also needs the reply to END with its answer (`answer_ends_reply`), as the
+    instruction asks; a right answer followed by more text earns the unformatted credit. Why: read wherever it
+    stands, a right answer pays the same with anything after it, so whatever follows is reinforced with it; on
+    SmolLM2 the replies grew into repeated answers and after-the-fact justifications until nearly every held-out
+    reply reached the response budget (basic_arithmetic: 0% -> 99.5% within 8 steps), and each step grew as slow.
+    `answer_last` (1.0 when the reply ends with its answer) is reported either way."""
+
+    def __init__(self, scorer: Callable[..., Mapping], unformatted_credit: float = 0.1,
+                 answer_last: bool = False) -> None:
         if not callable(scorer):
             raise TypeError(f"RightAnswerReward: scorer must be a FinalAnswerScorer-like callable, got {scorer!r}")
         if not 0.0 <= unformatted_credit < 1.0:
@@ -202,6 +228,7 @@ class RightAnswerReward:
                              "a right answer in the asked-for form must earn more than one without it")
         self.scorer = scorer
         self.unformatted_credit = unformatted_credit
+        self.answer_last = bool(answer_last)
 
     def __call__(self, solution_str: str, ground_truth: Any, extra_info: Any = None) -> dict[str, float]:
         result = self.scorer(solution_str, ground_truth, extra_info)
@@ -210,20 +237,24 @@ class RightAnswerReward:
         if missing:
             raise ValueError(f"RightAnswerReward: its scorer returned {sorted(judged)}, without {sorted(missing)}; "
                              "wrap a scorer of bare answers in FinalAnswerScorer")
-        right = _full_credit(judged["score"])
-        unformatted = not right and judged["format"] == 0.0 and _full_credit(judged["lenient"])
-        reward = 1.0 if right else self.unformatted_credit if unformatted else 0.0
-        return {**judged, "score": reward, "strict": 1.0 if right else 0.0,
+        ends = answer_ends_reply(solution_str)
+        right = _full_credit(judged["score"])  # right in the form (no final answer scores 0)
+        went_on = self.answer_last and not ends  # answered, then kept writing
+        # the form is read first: a wrong final answer earns nothing, whatever number comes after it
+        unformatted = (right and went_on) or (judged["format"] == 0.0 and _full_credit(judged["lenient"]))
+        reward = 1.0 if right and not went_on else self.unformatted_credit if unformatted else 0.0
+        return {**judged, "score": reward, "strict": 1.0 if right else 0.0, "answer_last": 1.0 if ends else 0.0,
                 "lenient": 1.0 if _full_credit(judged["lenient"]) else 0.0,
                 "task_partial": 1.0 if 0.0 < judged["score"] < 1.0 else 0.0,
                 "partial": 1.0 if unformatted else 0.0}
 
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, RightAnswerReward) and other.scorer == self.scorer
-                and other.unformatted_credit == self.unformatted_credit)
+                and other.unformatted_credit == self.unformatted_credit and other.answer_last == self.answer_last)
 
     def __hash__(self) -> int:
-        return hash((RightAnswerReward, self.scorer, self.unformatted_credit))
+        return hash((RightAnswerReward, self.scorer, self.unformatted_credit, self.answer_last))
 
     def __repr__(self) -> str:
-        return f"RightAnswerReward({self.scorer!r}, unformatted_credit={self.unformatted_credit})"
+        return (f"RightAnswerReward({self.scorer!r}, unformatted_credit={self.unformatted_credit}, "
+                f"answer_last={self.answer_last})")

@@ -8,7 +8,8 @@ from rlhf.rewards import RewardManager, exact_match_score
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rlhf.rewards.final_answer import FinalAnswerScorer, LenientScorer, RightAnswerReward, final_answer, lenient_answers
+from rlhf.rewards.final_answer import (FinalAnswerScorer, LenientScorer, RightAnswerReward, answer_ends_reply,
+                                      final_answer, lenient_answers)
 
 
 @pytest.mark.parametrize(("response", "expected"), [
@@ -135,6 +136,61 @@ def test_right_answer_reward_refuses_a_credit_that_would_rank_no_form_above_the_
         RightAnswerReward(FinalAnswerScorer(exact_match_score), unformatted_credit=1.0)
     with pytest.raises(ValueError, match="without"):
         RightAnswerReward(exact_match_score)("Answer: 1", "1")
+
+
+@pytest.mark.parametrize(("response", "ends"), [
+    ("The answer is 2.", True),
+    ("6 * 7 = 42\nThe answer is 42.\n", True),                 # reasoning first, answer last
+    ("The answer is 42.<|im_end|>", True),                     # end-of-turn markers are not text
+    ("The answer is 1.\nThe answer is 1.", True),              # said twice, still last
+    ("The answer is 13.\n\nHere is the breakdown: 6 + 7", False),  # a justification after the answer
+    ("The answer is 2.\n\nThis is a Python function:\n```", False),
+    ("The answer is 2.\nThe answer is 1.\n\nTry again.", False),
+    ("The answer is 5. I hope it helps.", True),               # on its line: the answer read is "5. I hope it helps"
+    ("Answer: 42", True),                                      # an "Answer:" line runs to the end
+    ("Answer:\n1 0\n0 1", True),
+    ("so \\boxed{18}", True),
+    ("\\boxed{18}\nwhich is the total", False),
+    ("42", False),                                             # no final answer at all
+    ("I think the answer is", False),
+    ("", False),
+])
+def test_answer_ends_reply(response, ends):
+    assert answer_ends_reply(response) is ends
+
+
+@pytest.mark.parametrize(("response", "reward", "partial"), [
+    ("The answer is 111.", 1.0, 0.0),
+    ("18 + 93 = 111\nThe answer is 111.", 1.0, 0.0),
+    ("The answer is 111.\nThe answer is 111.", 1.0, 0.0),
+    ("The answer is 111.\n\nBecause 18 + 93 = 111.", 0.1, 1.0),  # right, then kept writing: the unformatted credit
+    ("The answer is 112.\n\nBecause 18 + 93 = 111.", 0.0, 0.0),  # the form is read first: wrong earns nothing
+    ("18 + 93 = 111", 0.1, 1.0),                                  # no form: as without answer_last
+    ("The answer is 112.", 0.0, 0.0),
+])
+def test_right_answer_reward_with_answer_last_pays_in_full_only_a_reply_that_ends_with_its_answer(response, reward,
+                                                                                                   partial):
+    judged = RightAnswerReward(FinalAnswerScorer(exact_match_score), answer_last=True)(response, "111")
+    assert (judged["score"], judged["partial"]) == (reward, partial)
+    assert judged["answer_last"] == (1.0 if answer_ends_reply(response) else 0.0)
+    without = RightAnswerReward(FinalAnswerScorer(exact_match_score))(response, "111")
+    assert without["score"] >= judged["score"]  # answer_last only ever takes credit away
+
+
+@given(st.text(max_size=40), st.floats(0.0, 0.99))
+def test_right_answer_reward_with_answer_last_pays_in_full_only_right_replies_ending_with_their_answer(response,
+                                                                                                       credit):
+    judged = RightAnswerReward(FinalAnswerScorer(exact_match_score), unformatted_credit=credit,
+                               answer_last=True)(response, "42")
+    if judged["score"] == 1.0:
+        assert judged["strict"] == 1.0 and answer_ends_reply(response)
+    assert judged["score"] in (0.0, credit, 1.0)
+
+
+def test_right_answer_reward_compares_and_pickles_with_answer_last():
+    reward = RightAnswerReward(FinalAnswerScorer(exact_match_score), answer_last=True)
+    assert pickle.loads(pickle.dumps(reward)) == reward
+    assert reward != RightAnswerReward(FinalAnswerScorer(exact_match_score))
 
 
 def _contains_truth(answer, truth, extra_info=None):
