@@ -1,9 +1,11 @@
 """Shared test fixtures' building blocks: the tiny model, built once per session."""
 
+import atexit
 import contextlib
 import dataclasses
 import functools
 import os
+import shutil
 import tempfile
 import types
 from pathlib import Path
@@ -30,7 +32,7 @@ def tiny_model_path(hidden_size: int = 32, num_layers: int = 2, seed: int = 0) -
 def short_answer_model(path: str | None = None) -> str:
     """`path` (the tiny model) after 40 SFT steps on short arithmetic answers: its sampled turns end on EOS within a
     few tokens (a random model almost never samples EOS, so its every agent turn would be cut by max_new_tokens).
-    Made once per process, in a temporary folder."""
+    Made once per process, in a temporary folder removed when the process exits."""
     import itertools
 
     from rlhf.data.generators import arithmetic_rows
@@ -47,7 +49,9 @@ def short_answer_model(path: str | None = None) -> str:
     data = SFTDataset(arithmetic_rows(256, seed=5), load_tokenizer(path))
     for batch in itertools.islice(data.shuffled(64, seed=0, bucketed=False), 40):
         worker.update(batch)
-    return worker.save(tempfile.mkdtemp(prefix="short-answers-"))
+    folder = tempfile.mkdtemp(prefix="short-answers-")
+    atexit.register(shutil.rmtree, folder, ignore_errors=True)
+    return worker.save(folder)
 
 
 def training_knobs(kw: dict, into=None) -> dict:
