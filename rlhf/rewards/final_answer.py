@@ -46,42 +46,43 @@ def _clean(answer: str) -> str:
     return answer
 
 
-def final_answer(response: str) -> str | None:
-    """The text after the LAST line-initial "Answer:" (any case, markdown bold tolerated) to the end of the
-    response (answers may span lines: grids, lists); else the rest of the line of the last "The answer is ..."
-    (the form `rlhf.data.reasoning_gym.ANSWER_INSTRUCTION` asks for), without a closing full stop; else the
-    content of the last `\\boxed{...}`; else None. A marker with nothing after it counts as absent."""
-    text = _without_end_markers(response)
+def _read_final_answer(text: str) -> tuple[str, int] | None:
+    """(the final answer, where the text it was read from ends) in `text` (end markers already dropped); None when
+    there is none. The one reader behind `final_answer` and `answer_ends_reply`."""
     matches = list(_ANSWER_LINE.finditer(text))
     answer = _clean(text[matches[-1].start("rest"):]) if matches else ""
     if answer:
-        return answer
+        return answer, len(text)  # an "Answer:" line runs to the end
     sentences = list(_ANSWER_IS.finditer(text))
     if sentences:
         answer = _clean(sentences[-1].group("rest"))
         answer = _clean(answer[:-1]) if answer.endswith(".") else answer
         if answer:
-            return answer
+            return answer, sentences[-1].end()  # the end of its line
     boxed = last_boxed(text)
-    return boxed.strip() if boxed is not None and boxed.strip() else None
+    if boxed is None or not boxed.strip():
+        return None
+    line_end = text.find("\n", max(text.rfind("\\boxed"), text.rfind("\\fbox")))
+    return boxed.strip(), len(text) if line_end < 0 else line_end
+
+
+def final_answer(response: str) -> str | None:
+    """The text after the LAST line-initial "Answer:" (any case, markdown bold tolerated) to the end of the
+    response (answers may span lines: grids, lists); else the rest of the line of the last "The answer is ..."
+    (the form `rlhf.data.reasoning_gym.ANSWER_INSTRUCTION` asks for), without a closing full stop; else the
+    content of the last `\\boxed{...}`; else None. A marker with nothing after it counts as absent."""
+    read = _read_final_answer(_without_end_markers(response))
+    return read[0] if read else None
 
 
 def answer_ends_reply(response: str) -> bool:
-    """Whether the reply ends with its final answer, as an instruction "End your reply with ..." asks: the
-    `final_answer` was read from the last non-empty line (an "Answer:" line runs to the end by construction).
+    """Whether the reply ends with its final answer, as an instruction "End your reply with ..." asks: nothing but
+    whitespace after the line `final_answer` read it from (an "Answer:" line runs to the end by construction).
     False when there is no final answer, and for a reply that goes on after it: a justification written after the
     answer, the answer said again and then a different one, a reply the response budget cut off mid-sentence."""
     text = _without_end_markers(response)
-    if final_answer(text) is None:
-        return False
-    matches = list(_ANSWER_LINE.finditer(text))
-    if matches and _clean(text[matches[-1].start("rest"):]):
-        return True
-    sentences = list(_ANSWER_IS.finditer(text))
-    if sentences and _clean(sentences[-1].group("rest")).rstrip("."):
-        return not text[sentences[-1].end():].strip()
-    lines = [line for line in text.splitlines() if line.strip()]
-    return "\\boxed" in lines[-1] or "\\fbox" in lines[-1]
+    read = _read_final_answer(text)
+    return read is not None and not text[read[1]:].strip()
 
 
 def lenient_answers(response: str) -> list[str]:
