@@ -8,6 +8,11 @@ Train and test never share a question, whatever the seeds and sizes: each questi
 by a sha256 of its text (`problem_split`, half the questions each), and each split draws from its own
 generator seed, skipping the other split's questions. Test rows also never repeat a question (held-out
 accuracy counts each once); train rows are the draws as they come.
+
+The same arguments give the same rows in every process. Some of reasoning-gym's generators draw from a set of
+strings (isomorphic_strings: `rng.choice(list(letters - used))`), whose order follows Python's per-process hash
+seed (8 of its 106 tasks did in a scan of 30 questions each); so the questions are always drawn as under
+PYTHONHASHSEED=0 (`rlhf.data.hash_seed`).
 """
 
 from __future__ import annotations
@@ -16,7 +21,8 @@ import hashlib
 from typing import Any
 
 from rlhf.data.generators import Split, problem_split
-from rlhf.rewards.reasoning_gym import SOURCE_PREFIX, metadata_json, task_dataset
+from rlhf.data.hash_seed import call_with_fixed_hash_seed
+from rlhf.rewards.reasoning_gym import SOURCE_PREFIX, check_task, metadata_json, task_dataset
 
 ANSWER_INSTRUCTION = 'End your reply with "The answer is <answer>."'
 """Appended to every question: a form `rlhf.rewards.final_answer.final_answer` reads, and one a small instruct model
@@ -30,6 +36,7 @@ DRAWS_PER_ROW = 8
 """A split gives up (with a ValueError) after this many draws per row asked for, plus 1000."""
 
 
+
 def generator_seed(task: str, seed: int, split: Split) -> int:
     """reasoning-gym's seed for (task, seed, split): distinct per split, stable across processes."""
     digest = hashlib.sha256(f"reasoning_gym/{task}/{split}/{seed}".encode()).digest()
@@ -37,6 +44,12 @@ def generator_seed(task: str, seed: int, split: Split) -> int:
 
 
 def _entries(task: str, n: int, seed: int, split: Split, difficulty: dict[str, Any]) -> list[dict]:
+    """`n` entries of `split`, drawn as under PYTHONHASHSEED=0 whatever this process's hash seed (module docstring)."""
+    check_task(task)  # here, so that a missing reasoning-gym or a misspelt task is reported from this process
+    return call_with_fixed_hash_seed(_drawn_entries, task, n, seed, split, difficulty)
+
+
+def _drawn_entries(task: str, n: int, seed: int, split: Split, difficulty: dict[str, Any]) -> list[dict]:
     """`n` entries of `split`: questions of the other split skipped, and repeats too in the test split."""
     limit = DRAWS_PER_ROW * n + 1000
     dataset = task_dataset(task, size=limit, seed=generator_seed(task, seed, split), **difficulty)

@@ -1,6 +1,8 @@
 """Prompt rows from reasoning-gym: verl's schema, disjoint splits, parquet round trips, `rlhf data prepare`."""
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -47,6 +49,20 @@ def test_train_and_test_never_share_a_question_whatever_the_seeds():
     assert all(problem_split(q, TEST_PERCENT) == "test" for q in test)  # how: a hash of the question picks its split
     one_seed = [r["extra_info"]["question"] for r in reasoning_gym_rows("basic_arithmetic", 300, 0, split="test")]
     assert len(set(one_seed)) == 300  # test rows never repeat a question
+
+
+def test_rows_do_not_depend_on_the_python_hash_seed():
+    # isomorphic_strings draws letters from a set (`rng.choice(list(letters - used))`): in-process, its rows
+    # differed between PYTHONHASHSEED=1 and =2; they are drawn under a fixed hash seed instead
+    script = ("import json, sys; from rlhf.data.reasoning_gym import reasoning_gym_rows; "
+              "json.dump(reasoning_gym_rows('isomorphic_strings', 40, seed=3, split='test'), sys.stdout)")
+    def rows_with_hash_seed(hash_seed: str) -> list[dict]:
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        return json.loads(subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                                         check=True).stdout)
+    rows = reasoning_gym_rows("isomorphic_strings", 40, seed=3, split="test")
+    assert rows_with_hash_seed("1") == rows_with_hash_seed("2") == rows_with_hash_seed("0") == rows
+    assert len({r["extra_info"]["question"] for r in rows}) == 40
 
 
 def test_a_task_with_too_few_questions_says_so():
