@@ -35,7 +35,9 @@ source when
     top_share >= collapse > truth_top_share        (collapse: 0.9 by default)
 
 i.e. nearly every held-out question got the same answer although their right answers differ: the policy has
-learnt the most common answer, not the task, and its held-out score is capped at `truth_top_share`.
+learnt the most common answer, not the task, and its held-out score is capped at `truth_top_share`. A collapsed
+evaluation is never kept as `best/`, however high its score (with the collapse rule on): the letter-counting policy
+above would otherwise be the run's best model.
 
 **Answers cut by the budget.** A response budget shorter than the model's way of answering cuts its answers
 before their final line, so right answers score nothing and the reward teaches the model to answer in fewer
@@ -127,7 +129,8 @@ class Collapse:
             f"warning: at step {self.step} the policy gives one answer to {self.top_share:.0%} of the held-out "
             f"{self.source} questions (val-aux/{self.source}/answers/top_share), whose right answers agree only "
             f"{self.truth_top_share:.0%} of the time (truth_top_share): it has learnt the most common answer, not "
-            f"the task, and its held-out score cannot pass {self.truth_top_share:.0%} that way ({COLLAPSE_DOC})"
+            f"the task, and its held-out score cannot pass {self.truth_top_share:.0%} that way; this evaluation is "
+            f"not kept as best/ ({COLLAPSE_DOC})"
         )
 
 
@@ -302,13 +305,14 @@ class HeldoutWatch:
             )
         score = float(metrics[self.metric])
         train = self.train.take()
-        new_best = self.best.update(step, score)
+        found = collapses(step, metrics, self.alarm.collapse) \
+            if self.alarm is not None and self.alarm.collapse is not None and train is not None else {}
+        # a collapsed evaluation's score is the common answer's share, not the task learnt: never best/
+        new_best = not any(found.values()) and self.best.update(step, score)
         if self.alarm is None:
             return Verdict({}, new_best, None)
         regression = self.alarm.update(self.metric, Evaluation(step, train, score))
         below = self.alarm.below_start(self.metric)
-        found = collapses(step, metrics, self.alarm.collapse) if self.alarm.collapse is not None and train is not None \
-            else {}
         logged = {f"{self.metric}/regressed": float(regression is not None)}
         if self.alarm.margin is not None:
             logged[f"{self.metric}/below_start"] = float(below is not None)

@@ -239,9 +239,32 @@ def test_one_answer_to_every_question_is_a_collapse_after_training_began(top, tr
             f"warning: at step 5 the policy gives one answer to {top:.0%} of the held-out "
             f"reasoning_gym/letter_counting questions ({SPREAD}top_share), whose right answers agree only "
             f"{truth:.0%} of the time (truth_top_share): it has learnt the most common answer, not the task, and "
-            f"its held-out score cannot pass {truth:.0%} that way (docs/debugging.md#every-question-gets-the-same-answer)")
+            f"its held-out score cannot pass {truth:.0%} that way; this evaluation is not kept as best/ "
+            f"(docs/debugging.md#every-question-gets-the-same-answer)")
     else:
         assert verdict.warning is None
+
+
+def test_a_collapsed_evaluation_is_never_best_however_high_its_score():
+    def spread(top):
+        return {SPREAD + "top_share": top, SPREAD + "truth_top_share": 0.6}
+
+    watch = HeldoutWatch(METRIC, RegressionAlarm())
+    assert watch.evaluated(0, {METRIC: 0.5, **spread(1.0)}).new_best  # before training: the base model, whatever
+    watch.after_step(0.5)
+    assert not watch.evaluated(4, {METRIC: 0.6, **spread(1.0)}).new_best  # above the base, but one answer to all
+    assert watch.result()["best"] == {"step": 0, "metric": METRIC, "score": 0.5}
+    watch.after_step(0.6)
+    assert not watch.evaluated(8, {METRIC: 0.55, **spread(0.95)}).new_best
+    watch.after_step(0.6)
+    assert watch.evaluated(12, {METRIC: 0.52, **spread(0.4)}).new_best  # spread out again and above the base
+    assert watch.result()["best"] == {"step": 12, "metric": METRIC, "score": 0.52}
+    # with the collapse rule off (or no alarm) the score alone decides, as before
+    for alarm in (RegressionAlarm(collapse=None), None):
+        plain = HeldoutWatch(METRIC, alarm)
+        plain.evaluated(0, {METRIC: 0.5})
+        plain.after_step(0.5)
+        assert plain.evaluated(4, {METRIC: 0.6, **spread(1.0)}).new_best
 
 
 def test_the_collapse_rule_can_be_set_or_turned_off():
