@@ -33,6 +33,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -333,6 +334,9 @@ def main() -> int:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--workdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if re.search(r"(^|[\s,(])(task|settings|steps)\s*=", args.recipe_args):
+        parser.error(f"--recipe-args {args.recipe_args!r} sets an argument the panel sets itself (task, settings, "
+                     "steps): use --tasks or --steps, so the JSON records what ran")
     args.steps = args.steps if args.steps is not None else recipe_steps()
     if args.child:
         return child(args.child, args.steps, Path(args.workdir), args.recipe_args, args.seed, overrides(args),

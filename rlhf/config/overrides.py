@@ -58,6 +58,11 @@ def parse_call(text: str, kind: str) -> tuple[str, dict[str, Any]]:
     if isinstance(node, ast.Name):
         return node.id, {}
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and not node.args:
+        names = [kw.arg for kw in node.keywords]
+        twice = sorted({n for n in names if names.count(n) > 1 and n is not None})
+        if twice:  # Python refuses `f(a=1, a=2)`; a dict of the keywords would silently keep the last one
+            raise OverrideError(f"{kind}:{text}: argument {', '.join(map(repr, twice))} given more than once; "
+                                "give each once")
         try:
             return node.func.id, {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords}
         except ValueError:

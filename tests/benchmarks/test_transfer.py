@@ -75,6 +75,22 @@ def test_the_panel_runs_the_recipes_own_step_count_by_default(tmp_path):
     assert graph.stages["grpo"].total_steps == transfer.load_recipe().base().stages["grpo"].total_steps
 
 
+@pytest.mark.parametrize("recipe_args", [", steps=32", ",steps =32", ", task='x'", ", settings={}"])
+def test_recipe_args_may_not_set_what_the_panel_records_itself(monkeypatch, capsys, recipe_args):
+    # `--recipe-args ", steps=32"` once ran 32 steps while the JSON said 16
+    monkeypatch.setattr(sys, "argv", ["transfer.py", "--recipe-args", recipe_args])
+    with pytest.raises(SystemExit):
+        transfer.main()
+    assert "sets an argument the panel sets itself (task, settings, steps): use --tasks or --steps" in \
+        capsys.readouterr().err
+
+
+def test_the_recipe_refuses_an_argument_given_twice(tmp_path):
+    from rlhf.config.overrides import OverrideError
+    with pytest.raises(OverrideError, match="argument 'steps' given more than once"):
+        transfer.panel_graph("reasoning_gym/gcd", {}, 3, tmp_path, recipe_args=", steps=4")
+
+
 @pytest.mark.parametrize("minutes", [None, transfer.TRAIN_MINUTES, 0.5])
 def test_the_training_budget_reaches_the_stage(tmp_path, minutes):
     graph = transfer.panel_graph("reasoning_gym/gcd", {}, 3, tmp_path, minutes=minutes)

@@ -33,6 +33,7 @@ def test_config_with_arguments_and_bracket_paths():
         ("sett:x=1", "unknown override"),
         ("config:bsae", "Did you mean 'base'?"),
         ("fiddler:tiny(0.1)", "keyword arguments only"),
+        ("config:base(steps=3, steps=4)", "argument 'steps' given more than once; give each once"),
     ],
 )
 def test_mistakes_fail_with_the_fix(command, message):
