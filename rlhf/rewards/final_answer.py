@@ -32,15 +32,27 @@ def _without_end_markers(text: str) -> str:
     return text
 
 
+_QUOTES = (('"', '"'), ("'", "'"), ("\u201c", "\u201d"), ("\u2018", "\u2019"))
+"""Quote pairs around a whole answer: asked for `End your reply with "The answer is <answer>."`, SmolLM2 quoted 47 of
+48 yes/no answers (`The answer is "No"`) and every word answer of letter_jumble and spell_backward."""
+
+
 def _clean(answer: str) -> str:
-    """The answer without markdown wrappers (`**42**`, `` `42` ``, code fences, `$42$`) and a full stop after a
-    number."""
+    """The answer without markdown wrappers (`**42**`, `` `42` ``, code fences, `$42$`), without quotes around the
+    whole of it (`"No"`, `'dog'`, curly ones; one pair, and only where no other quote of that kind is inside), and
+    without a full stop after a number."""
     answer = answer.strip()
     for wrapper in ("**", "__", "```", "`", "$"):
         if len(answer) > 2 * len(wrapper) and answer.startswith(wrapper) and answer.endswith(wrapper):
             answer = answer[len(wrapper) : -len(wrapper)].strip()
         elif answer.endswith(wrapper) and wrapper in ("**", "__") and wrapper not in answer[:-len(wrapper)]:
             answer = answer[: -len(wrapper)].strip()  # "**Answer: 42**": the bold opened before "Answer"
+    for opening, closing in _QUOTES:
+        inner = answer[1:-1]
+        if len(answer) > 2 and answer[0] == opening and answer[-1] == closing and opening not in inner \
+                and closing not in inner:
+            answer = inner.strip()
+            break
     if re.search(r"\d\.$", answer):  # "Answer: 292." ends a sentence; the number is 292
         answer = answer[:-1]
     return answer

@@ -42,6 +42,18 @@ from rlhf.rewards.final_answer import (FinalAnswerScorer, LenientScorer, RightAn
     ("\\boxed{1} or \\boxed{\\frac{1}{2}}", "\\frac{1}{2}"),
     ("\\boxed{3}\nAnswer: 4", "4"),  # "Answer:" wins over \boxed
     ("The answer is 300", "300"),  # the sentence form, without a full stop too
+    # quotes around the whole answer (the instruction quotes its sentence, and SmolLM2 quotes the answer)
+    ('The answer is "No"', "No"),
+    ('The answer is "No".', "No"),
+    ('The answer is "No."', "No"),
+    ("The answer is 'dog'.", "dog"),
+    ("The answer is \u201cdog\u201d.", "dog"),  # curly quotes
+    ('The answer is **"42"**.', "42"),
+    ('Answer: "b, a"', "b, a"),
+    ('The answer is "a" and "b".', '"a" and "b"'),  # two quoted parts: not one quoted answer, kept whole
+    ('The answer is "No" to both statements.', '"No" to both statements'),  # not the whole of it
+    ("The answer is it's'", "it's'"),  # no pair around the whole
+    ('The answer is "".', '""'),  # nothing inside: kept as written
     ("", None),
 ])
 def test_final_answer(response, expected):
