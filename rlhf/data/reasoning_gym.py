@@ -36,7 +36,6 @@ DRAWS_PER_ROW = 8
 """A split gives up (with a ValueError) after this many draws per row asked for, plus 1000."""
 
 
-
 def generator_seed(task: str, seed: int, split: Split) -> int:
     """reasoning-gym's seed for (task, seed, split): distinct per split, stable across processes."""
     digest = hashlib.sha256(f"reasoning_gym/{task}/{split}/{seed}".encode()).digest()

@@ -47,12 +47,10 @@ def _clean(answer: str) -> str:
             answer = answer[len(wrapper) : -len(wrapper)].strip()
         elif answer.endswith(wrapper) and wrapper in ("**", "__") and wrapper not in answer[:-len(wrapper)]:
             answer = answer[: -len(wrapper)].strip()  # "**Answer: 42**": the bold opened before "Answer"
-    for opening, closing in _QUOTES:
-        inner = answer[1:-1]
-        if len(answer) > 2 and answer[0] == opening and answer[-1] == closing and opening not in inner \
-                and closing not in inner:
-            answer = inner.strip()
-            break
+    inner = answer[1:-1]
+    if len(answer) > 2 and any(answer[0] == opening and answer[-1] == closing and opening not in inner
+                               and closing not in inner for opening, closing in _QUOTES):
+        answer = inner.strip()
     if re.search(r"\d\.$", answer):  # "Answer: 292." ends a sentence; the number is 292
         answer = answer[:-1]
     return answer
