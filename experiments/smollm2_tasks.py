@@ -35,7 +35,8 @@ the held-out curve):
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8
 samples per step, 16 steps (10 until 2026-11-29: a mean gain of +14.9 over four seeds, +10.7 to +19.7; 16 steps
-see 128 questions instead of 80, and the seeds' means moved closer together). Rows of groups whose samples scored alike cost nothing in the update (it leaves them
+see 128 questions instead of 80, and the seeds' means moved closer together; 32 steps in the same time budget
+gained more on some tasks and fell below the base on others, docs/transfer_panel.md). Rows of groups whose samples scored alike cost nothing in the update (it leaves them
 out: docs/training_step.md).
 """
 
