@@ -4,19 +4,21 @@
     python benchmarks/transfer.py --tasks reasoning_gym/aiw,arithmetic --parallel 1 --steps 12
     python benchmarks/transfer.py --tasks 'reasoning_gym/chain_sum={"max_terms": 2}'   # settings as JSON
 
-Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thread): held-out validation on the
-recipe's 200 test rows before training, then `--steps` GRPO steps (or fewer: the step that spends
-`--max-train-minutes`, 15 by default, the issue's budget per task, is the last; the row's `stopped_early` says at
-which step), then validation again. Reported per task
-(fractions of the held-out rows, greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for
-"Answer:" form), `base_lenient` / `trained_lenient` (right, format aside), a Wilson 95% interval of the trained
-accuracy, training minutes (the steps' own time, validation excluded), steps, the curve (every step's
-training score and the share of it that came from the unformatted credit), each validation's answer spread
-(`top_share` of the most common answer beside `truth_top_share`, the right answers' own) and `collapsed`: the
-last validation gave one answer to nearly every question (the run's collapse alarm), which the verdict counts as
-no gain whatever the accuracy, and `shortfall`: why the task misses the targets, from those measurements
+Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thread): the instruct model on the
+recipe's 200 test rows, then `--steps` GRPO steps (or fewer: the step that spends `--max-train-minutes`, 15 by
+default, the issue's budget per task, is the last; the row's `stopped_early` says at which step) validated on 100
+rows of their own every 4 steps (and before the first), then the test rows again on the weights the validations
+chose (`best/`, `selected_step`) and on the last ones (`final_*`). Reported per task (fractions of the test rows,
+greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for form), `base_lenient` /
+`trained_lenient` (right, format aside), a Wilson 95% interval of the trained accuracy, training minutes (the
+steps' own time, validation excluded), steps, the curve (every step's training score and the share of it that came
+from the unformatted credit), each validation's answer spread (`top_share` of the most common answer beside
+`truth_top_share`, the right answers' own), `answers` (the same for the chosen weights' test answers) and
+`collapsed`: those answers are one answer to nearly every question (the run's collapse rule), which the verdict
+counts as no gain whatever the accuracy, and `shortfall`: why the task misses the targets, from those measurements
 (`shortfall()`: collapsed, below the base's lenient accuracy, form not learnt, no measurable change, fell, a small
-gain; caveats: near the most common answer's score, a better validation before the last). Writes `transfer-<time>.json` (under
+gain; caveats: near the most common answer's score; in runs from before the test stage, a better validation before
+the last). Writes `transfer-<time>.json` (under
 benchmarks/results only with --out benchmarks/results; by default into a temporary folder) with top-level
 `tasks`, the targets and whether each task met them.
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import copy
 import datetime
 import json
 import math
@@ -104,8 +107,9 @@ def shortfall(row: dict) -> dict:
     """
     base, trained, gain = row["base_accuracy"], row["trained_accuracy"], row["gain"]
     lenient, base_lenient = row["trained_lenient"], row["base_lenient"]
-    last = (row.get("validations") or [{}])[-1]
-    top, truth = last.get("top_share"), last.get("truth_top_share")
+    # the measured weights' test answers; rows of runs before the test stage: their last validation (the test rows)
+    answers = row.get("answers") or (row.get("validations") or [{}])[-1]
+    top, truth = answers.get("top_share"), answers.get("truth_top_share")
     why, caveats = [], []
     spread = top is not None and truth is not None
     if spread and top >= COLLAPSE > truth:
@@ -134,7 +138,8 @@ def shortfall(row: dict) -> dict:
     elif spread and 0.5 <= top < COLLAPSE and abs(trained - truth) <= 0.05:
         caveats.append(f"{top:.0%} of the answers are one answer, and {trained:.1%} is about what always giving "
                        f"the most common right answer scores ({truth:.1%})")
-    trained_validations = (row.get("validations") or [])[1:]  # the first is the base model's, before training
+    # runs before the test stage reported their last validation, on the test rows; a better one was left behind
+    trained_validations = [] if "selected_step" in row else (row.get("validations") or [])[1:]
     best = max(trained_validations or [{}], key=lambda v: v.get("accuracy") or -1.0)
     if (best.get("accuracy") or -1.0) - trained >= 0.05:
         caveats.append(f"best validation at step {best['step']} ({best['accuracy']:.1%}), "
@@ -143,15 +148,20 @@ def shortfall(row: dict) -> dict:
 
 
 class CurveTracker:
-    """A tracker that keeps every logged step's metrics in memory (the child's run is its only run)."""
+    """A tracker that keeps the RL stage's logged metrics in memory, step by step (the child's run is its only
+    run; the evaluation stages' metrics come back in their results)."""
 
     curve: list[dict] = []
     hash = None
+    stage: str | None = None
 
     def start_run(self, stage: str, **lineage) -> CurveTracker:
+        CurveTracker.stage = stage
         return self
 
     def track(self, metrics: Mapping[str, float], step: int) -> None:
+        if CurveTracker.stage != "grpo":
+            return
         CurveTracker.curve.append({"step": step, **{k: float(v) for k, v in metrics.items()
                                                     if isinstance(v, (int, float))}})
         point = {k: round(v, 4) for k, v in CurveTracker.curve[-1].items()
@@ -167,6 +177,13 @@ class CurveTracker:
 
     def __exit__(self, *exc) -> bool:
         return False
+
+
+def collapsed(metrics: Mapping[str, float], source: str) -> bool:
+    """An evaluation's answers collapsed onto one: the run's alarm rule (`COLLAPSE`) on its answer spread."""
+    top = metrics.get(f"val-aux/{source}/answers/top_share")
+    truth = metrics.get(f"val-aux/{source}/answers/truth_top_share")
+    return top is not None and truth is not None and top >= COLLAPSE > truth
 
 
 def source_of(task: str) -> str:
@@ -201,6 +218,10 @@ def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: s
     commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps}{recipe_args})", "fiddler:local",
                 "fiddler:quiet", f"set:stages.grpo.seed={seed}", f"set:stages.grpo.max_train_minutes={minutes}", *overrides]
     graph, _ = build_graph(recipe, commands)
+    # the last weights on the test rows too, beside the ones the validations chose: what the choice changed
+    final = copy.deepcopy(graph.stages["test"])
+    final.policy.worker.model_path.key = "checkpoint"
+    graph.stages["test_final"] = final
     graph.tracker = fdl.Config(CurveTracker)
     graph.output_dir = str(out)
     return graph
@@ -218,24 +239,37 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     source = source_of(task)
     strict, lenient = f"val-core/{source}/reward/mean@1", f"val-aux/{source}/lenient/mean@1"
     started = time.perf_counter()
-    result = run_experiment(graph)["grpo"]
-    metrics = result["metrics"]
+    results = run_experiment(graph)
+    result = results["grpo"]
     wall = time.perf_counter() - started
     validations = [p for p in CurveTracker.curve if strict in p]
-    base, trained = validations[0], metrics
-    rows = graph.stages["grpo"].evaluator.dataset.rows.n if hasattr(graph.stages["grpo"].evaluator.dataset.rows, "n") \
-        else None
+    base, trained, final = (results[stage]["metrics"] for stage in ("base", "test", "test_final"))
+
+    def count(stage: str) -> int | None:
+        rows = graph.stages[stage].evaluator.dataset.rows
+        return rows.n if hasattr(rows, "n") else None
+
+    rows = count("test")
     train_s = sum(p.get("timing_s/step", 0.0) for p in CurveTracker.curve)
     partial = f"reward/extra/{source}/partial/mean"
     row = {
         "task": task, "settings": settings, "seed": seed, "overrides": list(overrides), "heldout_rows": rows,
+        "validation_rows": count("grpo"),
+        # test rows (held out, looked at only here): the instruct model, and the weights the validations chose
         "base_accuracy": round(base[strict], 4), "trained_accuracy": round(trained[strict], 4),
         "base_lenient": round(base[lenient], 4), "trained_lenient": round(trained[lenient], 4),
         "ci95": wilson(trained[strict], rows or 200),
         "gain": round(trained[strict] - base[strict], 4),
-        # the final evaluation gave one answer to nearly every question (rlhf.trainers.heldout_watch): its gain
-        # is the most common answer's share, not the task learnt
-        "collapsed": bool(validations[-1].get(f"val-aux/{source}/answers/collapsed", 0.0)),
+        "selected_step": (result.get("best") or {}).get("step"),
+        # the last weights on the same test rows: what choosing by validation changed
+        "final_accuracy": round(final[strict], 4), "final_lenient": round(final[lenient], 4),
+        "final_gain": round(final[strict] - base[strict], 4),
+        # the chosen weights' test answers: one answer to nearly every question (the alarm's rule), the gain is
+        # that answer's share, not the task learnt
+        "collapsed": collapsed(trained, source),
+        "answers": {name: round(trained[key], 4) for name in ("top_share", "truth_top_share", "distinct")
+                    if (key := f"val-aux/{source}/answers/{name}") in trained},
+        "final_collapsed": collapsed(final, source),
         "train_minutes": round(train_s / 60, 2), "wall_minutes": round(wall / 60, 2),
         "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
         # the budget ended training before `steps` (the step it did so at), else None
@@ -305,6 +339,9 @@ def verdict(rows: list[dict]) -> dict:
     return {
         "tasks_run": len(ok), "tasks_failed": len(rows) - len(ok),
         "mean_gain": round(sum(gains) / len(gains), 4) if gains else None,
+        # the last weights' mean gain on the same test rows (runs with the test stage): what choosing changed
+        "mean_gain_final": round(sum(r["final_gain"] for r in ok) / len(ok), 4)
+        if ok and all("final_gain" in r for r in ok) else None,
         # a collapsed task (one answer to nearly every question) has not learnt the task, whatever its gain
         "every_task_gains_10_points": bool(ok) and all(r["gain"] >= TARGETS["min_gain"] and not r.get("collapsed")
                                                        for r in ok),

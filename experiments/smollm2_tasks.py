@@ -65,7 +65,8 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.ray_runtime import RayRuntime
 from rlhf.tracking.aim_tracker import AimTracker
-from rlhf.trainers.evaluate import Evaluator
+from rlhf.runtime.remote import StageOutput
+from rlhf.trainers.evaluate import EvalStage, Evaluator
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.training import TrainingSetup
@@ -76,7 +77,9 @@ NAME = "smollm2_tasks"
 MAX_PROMPT_LENGTH = 256
 """Tokens; longer prompts are dropped (and counted). reasoning-gym questions at default settings fit."""
 HELDOUT = 200
-"""Held-out rows, greedy: a 95% interval of about +-7 points at 50%."""
+"""Test rows, greedy: a 95% interval of about +-7 points at 50%."""
+VALIDATION = 100
+"""Validation rows, greedy, every 4 steps: they pick `best/`, the weights the test stage measures."""
 
 
 def with_instruction(rows: list[dict], instruction: str = ANSWER_INSTRUCTION) -> list[dict]:
@@ -86,15 +89,24 @@ def with_instruction(rows: list[dict], instruction: str = ANSWER_INSTRUCTION) ->
 
 
 def task_rows(task: str, split: str, n: int, settings: dict[str, Any] | None = None) -> fdl.Config:
-    """The rows of `task` for `split`: "reasoning_gym/<name>" (generated, with `settings`), "arithmetic" (our
-    generator), or a folder holding `train.parquet` and `test.parquet` in verl's schema (asking for the form)."""
+    """The rows of `task` for `split` ("train", "val" or "test"): "reasoning_gym/<name>" (generated, with
+    `settings`), "arithmetic" (our generator), or a folder holding `train.parquet` and `test.parquet` in verl's
+    schema (asking for the form), and `val.parquet` if it has one.
+
+    "val" picks `best/`: questions of the training split drawn with a seed of their own (the test rows are never
+    looked at before the end; where a task has few questions some were also trained on). A folder without
+    `val.parquet` validates on its test rows, and its test figure then includes that choice."""
+    seed = 1 if split == "val" else 0
+    drawn_from = "train" if split == "val" else split
     if task.startswith("reasoning_gym/"):
-        return fdl.Config(reasoning_gym_rows, task.removeprefix("reasoning_gym/"), n=n, seed=0, split=split,
+        return fdl.Config(reasoning_gym_rows, task.removeprefix("reasoning_gym/"), n=n, seed=seed, split=drawn_from,
                           **(settings or {}))
     if task == "arithmetic":
-        return fdl.Config(with_instruction, fdl.Config(arithmetic_rows, n=n, seed=0, split=split))
+        return fdl.Config(with_instruction, fdl.Config(arithmetic_rows, n=n, seed=seed, split=drawn_from))
     folder = Path(task).expanduser()
-    return fdl.Config(load_rows, path=str(folder / f"{split}.parquet"), limit=n if split == "test" else None)
+    if split == "val" and not (folder / "val.parquet").exists():
+        split = "test"
+    return fdl.Config(load_rows, path=str(folder / f"{split}.parquet"), limit=n if split != "train" else None)
 
 
 def task_scorers(task: str, scorer: Any = None) -> tuple[dict, dict]:
@@ -126,16 +138,18 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
     strict, lenient = task_scorers(task, scorer)
     reward = {source: fdl.Config(RightAnswerReward, rule, unformatted_credit=unformatted_credit, answer_last=answer_last)
               for source, rule in strict.items()}
-    evaluator = fdl.Config(
-        Evaluator,
-        dataset=fdl.Config(PromptDataset, rows=task_rows(task, "test", HELDOUT, settings), tokenizer=tokenizer,
-                           max_prompt_length=MAX_PROMPT_LENGTH, name="heldout"),
-        # accuracy: full credit from the task's scorer (partial credit for wrong answers does not count)
-        reward=fdl.Config(RewardManager, scorers={s: fdl.Config(Correct, rule) for s, rule in strict.items()}),
-        aux_rewards={"lenient": fdl.Config(RewardManager, scorers={s: fdl.Config(Correct, rule)
-                                                                    for s, rule in lenient.items()})},
-        sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=max_new_tokens),
-    )
+    def evaluator(split: str, rows: int) -> fdl.Config[Evaluator]:
+        return fdl.Config(
+            Evaluator,
+            dataset=fdl.Config(PromptDataset, rows=task_rows(task, split, rows, settings), tokenizer=tokenizer,
+                               max_prompt_length=MAX_PROMPT_LENGTH, name=split),
+            # accuracy: full credit from the task's scorer (partial credit for wrong answers does not count)
+            reward=fdl.Config(RewardManager, scorers={s: fdl.Config(Correct, rule) for s, rule in strict.items()}),
+            aux_rewards={"lenient": fdl.Config(RewardManager, scorers={s: fdl.Config(Correct, rule)
+                                                                        for s, rule in lenient.items()})},
+            sampling=fdl.Config(SamplingParams, temperature=0.0, max_new_tokens=max_new_tokens),
+        )
+
     grpo = fdl.Config(
         RLTrainer,
         policy=policy_group(
@@ -160,12 +174,17 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
         dynamic_sampling=fdl.Partial(DynamicSamplingAccumulator, max_attempts=sampling_rounds) if sampling_rounds > 1
         else None,
         total_steps=steps,
-        evaluator=evaluator,
-        val_before_train=True,
-        test_freq=max(1, steps // 2),  # a validation mid-run too: the regression alarm and best/ need more than two
+        evaluator=evaluator("val", VALIDATION),
+        val_before_train=True,  # step 0 too: where training only hurts, best/ keeps the instruct model
+        test_freq=max(1, steps // 4),  # the regression alarm and best/ need more than two validations
     )
-    return fdl.Config(Experiment, name=NAME, stages={"grpo": grpo}, runtime=fdl.Config(RayRuntime),
-                      tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME))
+    # the test rows, measured once before training and once on the weights the validations chose
+    base_test = fdl.Config(EvalStage, policy=policy_group(model_path=model_path),
+                           evaluator=evaluator("test", HELDOUT))
+    test = fdl.Config(EvalStage, policy=policy_group(model_path=fdl.Config(StageOutput, "grpo", "selected_checkpoint")),
+                      evaluator=evaluator("test", HELDOUT))
+    return fdl.Config(Experiment, name=NAME, stages={"base": base_test, "grpo": grpo, "test": test},
+                      runtime=fdl.Config(RayRuntime), tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME))
 
 
 def smoke(cfg: fdl.Config[Experiment]) -> None:
@@ -175,9 +194,11 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     rl.total_steps = 2
     rl.prompts_per_step = 2
     rl.sampling.n = 2
-    rl.sampling.max_new_tokens = rl.evaluator.sampling.max_new_tokens = 8
+    rl.sampling.max_new_tokens = 8
     limit_rows(rl.train_data, 16)
-    limit_rows(rl.evaluator.dataset, 4)
+    for evaluator in (rl.evaluator, cfg.stages["base"].evaluator, cfg.stages["test"].evaluator):
+        evaluator.sampling.max_new_tokens = 8
+        limit_rows(evaluator.dataset, 4)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
 """The default task recipe end to end on SmolLM2: two tiny GRPO steps of experiments/smollm2_tasks.py on a
-reasoning-gym task, with the held-out strict and lenient scores, the spread of the held-out answers, the alarm's
+reasoning-gym task between its two test stages, with the validation's strict and lenient scores, the spread of the held-out answers, the alarm's
 metrics and the reward's partial share in the metrics."""
 
 import fiddle as fdl
@@ -23,7 +23,16 @@ def test_smoke_trains_and_validates_a_reasoning_gym_task_on_smollm2(smollm2_path
     common.quiet(graph)
     graph.output_dir = str(tmp_path / "out")
     heldout_rows = fdl.build(graph.stages["grpo"].evaluator.dataset.rows)
-    metrics = run_experiment(graph)["grpo"]["metrics"]
+    test_rows = fdl.build(graph.stages["test"].evaluator.dataset.rows)
+    # the validation rows (they pick best/) are not the test rows (they measure it)
+    assert not {r["extra_info"]["question"] for r in heldout_rows} & {r["extra_info"]["question"] for r in test_rows}
+    results = run_experiment(graph)
+    metrics = results["grpo"]["metrics"]
+    # the test rows measured the instruct model before training and the weights the validations chose after it
+    assert results["grpo"]["selected_checkpoint"] in (results["grpo"].get("best_checkpoint"), results["grpo"]["checkpoint"])
+    for stage in ("base", "test"):
+        tested = results[stage]["metrics"]
+        assert 0.0 <= tested[f"val-core/{SOURCE}/reward/mean@1"] <= tested[f"val-aux/{SOURCE}/lenient/mean@1"] <= 1.0
     strict, lenient = metrics[f"val-core/{SOURCE}/reward/mean@1"], metrics[f"val-aux/{SOURCE}/lenient/mean@1"]
     assert 0.0 <= strict <= lenient <= 1.0  # right in the asked-for form is also right format aside
     # the training reward reports how much of it came only from the half credit for an unformatted right answer

@@ -7,6 +7,7 @@ credit); the held-out score is the share of the response that is not "7". The ra
 right on the held-out rows (0.99) and learns to write 7s, so the training score rises while the held-out
 score falls, as when a real policy farms a partial credit (issue: the SmolLM2 multiplication run)."""
 
+import copy
 import json
 from pathlib import Path
 
@@ -26,8 +27,9 @@ from rlhf.rollout.sampling import SamplingParams
 from rlhf.runtime.experiment import Experiment, run_experiment
 from rlhf.runtime.local import LocalRuntime
 from rlhf.runtime.plan import bind_groups, compile_graph
+from rlhf.runtime.remote import StageOutput
 from rlhf.trainers.context import StageContext
-from rlhf.trainers.evaluate import Evaluator
+from rlhf.trainers.evaluate import EvalStage, Evaluator
 from rlhf.trainers.rl import RLTrainer
 from rlhf.workers.objectives import PolicyObjective
 from rlhf.workers.training import TrainingSetup
@@ -193,3 +195,30 @@ def test_several_held_out_sources_need_the_metric_named():
     with pytest.raises(ValueError, match=r"several data sources \(arithmetic, other\).*set heldout_metric"):
         RLTrainer(None, tok, PromptDataset(arithmetic_rows(2), tok), RewardManager({"arithmetic": sevens}),
                   evaluator=evaluator)
+
+
+def test_a_later_stage_measures_the_weights_the_validations_chose(tmp_path):
+    """The stage's `selected_checkpoint` is best/: an evaluation stage given it scores the policy from before the
+    reward was gamed, and one given final/ the gamed policy (the 30-step scenario above)."""
+    stage = rl_stage()
+
+    def measured(key: str) -> fdl.Config:
+        return fdl.Config(EvalStage, policy=policy_group(model_path=fdl.Config(StageOutput, "rl", key)),
+                          evaluator=copy.deepcopy(stage.evaluator))
+
+    graph = fdl.Config(Experiment, name="gamed", runtime=fdl.Config(LocalRuntime), output_dir=str(tmp_path),
+                       run_name="r", progress=False,
+                       stages={"rl": stage, "selected": measured("selected_checkpoint"), "final": measured("checkpoint")})
+    results = run_experiment(graph)
+    stored = json.loads((tmp_path / "gamed" / "r" / "rl" / "result.json").read_text())["result"]
+    assert stored["selected_checkpoint"] == "best" and results["rl"]["selected_checkpoint"].endswith("/rl/best")
+    selected, final = (results[s]["metrics"][HELDOUT] for s in ("selected", "final"))
+    assert selected > 0.8 > 0.3 > final, (selected, final, results["rl"]["best"])
+
+
+def test_without_validations_the_selected_checkpoint_is_final(tmp_path):
+    stage = rl_stage(total_steps=1)
+    stage.evaluator = None
+    result, _ = run(stage, tmp_path / "rl")
+    assert "best" not in result and result["selected_checkpoint"] == result["checkpoint"]
+    assert result["checkpoint"].endswith("final")
