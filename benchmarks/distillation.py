@@ -168,6 +168,7 @@ def rl_stage(method: str, s: dict, student: str, teacher: str | None):
     else:
         lr = s["grpo"]["lr"] if method == "grpo" else 2e-5
         stage = tasks.base(task="arithmetic", model=student, steps=steps, lr=lr).stages["grpo"]
+    stage.evaluator = evaluator_node(s, student)  # every method's curve on the same test rows
     _shrink(stage, s)
     stage.test_freq = s["eval_every"] if method != "teacher" else 0
     if method != "teacher":  # the prompts' order and the sampling's random numbers; the teacher stays the same
@@ -176,8 +177,11 @@ def rl_stage(method: str, s: dict, student: str, teacher: str | None):
 
 
 def evaluator_node(s: dict, student: str):
-    """The held-out evaluator every method validates with (the task recipe's)."""
-    stage = _recipe("smollm2_tasks").base(task="arithmetic", model=student).stages["grpo"]
+    """The held-out evaluator every method validates with: the task recipe's test rows (its validation rows pick
+    `best/`; here every method's curve is read on the same test rows)."""
+    cfg = _recipe("smollm2_tasks").base(task="arithmetic", model=student)
+    stage = cfg.stages["grpo"]
+    stage.evaluator = cfg.stages["test"].evaluator
     _shrink(stage, s)
     return stage.evaluator
 

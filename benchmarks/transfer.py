@@ -270,6 +270,8 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
         "answers": {name: round(trained[key], 4) for name in ("top_share", "truth_top_share", "distinct")
                     if (key := f"val-aux/{source}/answers/{name}") in trained},
         "final_collapsed": collapsed(final, source),
+        "final_answers": {name: round(final[key], 4) for name in ("top_share", "truth_top_share", "distinct")
+                          if (key := f"val-aux/{source}/answers/{name}") in final},
         "train_minutes": round(train_s / 60, 2), "wall_minutes": round(wall / 60, 2),
         "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
         # the budget ended training before `steps` (the step it did so at), else None

@@ -10,6 +10,10 @@ rows of the same task and seed.
     python benchmarks/transfer_summary.py \\
         --variant 'default=transfer-seed2-20261128.json,transfer-seed3-20261128.json' \\
         --variant 'steps16=transfer-explore-steps16-seed0-20261128.json' --out summary.json
+        --last-weights 'default, last weights=transfer-selected-seed4-20261129.json'   # runs with the test stage
+
+Runs with the test stage (`selected_step` in their rows) report the weights the validations chose; `--last-weights`
+reads the same runs on their last weights, so the two variants side by side show what the choice changed.
 
 File names without a folder are looked up in benchmarks/results.
 """
@@ -45,9 +49,21 @@ def load(spec: str) -> tuple[str, list[tuple[Path, dict]]]:
     return name.strip(), runs
 
 
-def variant_summary(name: str, runs: list[tuple[Path, dict]], panel: list[str] = PANEL_TASKS) -> dict:
+def last_weights(row: dict) -> dict:
+    """A row of a run with the test stage read on its last weights (`final_*`) instead of the chosen ones: what
+    choosing by validation changed, on the same runs."""
+    if "final_accuracy" not in row:
+        raise SystemExit(f"{row['task']}: the run has no last-weights figures (a run from before the test stage)")
+    return {**row, "trained_accuracy": row["final_accuracy"], "trained_lenient": row["final_lenient"],
+            "gain": row["final_gain"], "collapsed": row["final_collapsed"], "answers": row.get("final_answers", {}),
+            "ci95": None}
+
+
+def variant_summary(name: str, runs: list[tuple[Path, dict]], panel: list[str] = PANEL_TASKS,
+                    weights: str = "chosen") -> dict:
     """Per seed the rows of its files (later files replace a task's earlier row), then per task across seeds.
-    Tasks outside `panel` (a held-out task run beside it) are reported under `other_tasks`, outside the means."""
+    Tasks outside `panel` (a held-out task run beside it) are reported under `other_tasks`, outside the means.
+    `weights` "last": rows read on the last weights (`last_weights`), for runs with the test stage."""
     by_seed: dict[int, dict[str, dict]] = {}
     described = set()
     for path, run in runs:
@@ -55,6 +71,7 @@ def variant_summary(name: str, runs: list[tuple[Path, dict]], panel: list[str] =
         described.add((run.get("recipe"), run.get("steps"), tuple(run.get("overrides") or ())))
         for row in run.get("tasks", []):
             if "error" not in row:
+                row = last_weights(row) if weights == "last" else row
                 by_seed.setdefault(seed, {})[row["task"]] = {**row, "file": path.name}
     seeds = sorted(by_seed)
     others = {seed: {t: r for t, r in rows.items() if t not in panel} for seed, rows in by_seed.items()}
@@ -111,9 +128,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", action="append", required=True, metavar="NAME=FILE[,FILE...]",
                    help="a variant's run files (repeatable)")
+    p.add_argument("--last-weights", action="append", default=[], metavar="NAME=FILE[,FILE...]",
+                   help="runs with the test stage read on their last weights instead of the chosen ones (repeatable)")
     p.add_argument("--out", default=None, help="the summary JSON (default: print only)")
     args = p.parse_args()
     variants = [variant_summary(*load(spec)) for spec in args.variant]
+    variants += [variant_summary(*load(spec), weights="last") for spec in args.last_weights]
     for v in variants:
         print(markdown(v), "\n")
     if args.out:

@@ -9,7 +9,8 @@ token it samples, instead of from one reward per answer (docs/distillation.md).
 
 The task, its held-out evaluator and every setting of the student's stage are `experiments/smollm2_tasks.py`'s
 (arithmetic by our generator, "The answer is N." asked for; 8 prompts at temperature 0.7, 64 new tokens; PPO clip
-0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 200 held-out rows, greedy): this file
+0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 100 validation rows, greedy, pick
+`best/`, and its `base` and `test` stages measure the instruct model and the chosen weights on 200 test rows): this file
 changes the advantage, adds the forward KL over the teacher's top-16 tokens to the loss, and samples 4 answers
 per prompt where GRPO samples 8 (no group baseline is needed). `rlhf_configs.algorithms.use_distillation` gives the policy worker
 the frozen teacher (stored in the compute dtype, sharded like the reference) and makes the advantage the per-token
@@ -33,6 +34,7 @@ import fiddle as fdl
 from rlhf.algos import GRPO, TopKForwardKL
 from rlhf.runtime.experiment import Experiment
 from rlhf.runtime.remote import StageOutput
+from rlhf.trainers.evaluate import EvalStage
 from rlhf_configs.algorithms import use_distillation
 from rlhf_configs.rows import limit_rows
 
@@ -67,7 +69,9 @@ def base(teacher: Any = None, student: str = "smollm2-135m-instruct", task: str 
     distill.sampling.n = samples_per_prompt
     if top_k:
         distill.policy.worker.objective.distill_loss = fdl.Config(TopKForwardKL, k=top_k)
-    cfg.stages = {**stages, "distill": distill}
+    test = cfg.stages["test"]  # the test rows on the weights the distillation's validations chose
+    test.policy.worker.model_path = fdl.Config(StageOutput, "distill", "selected_checkpoint")
+    cfg.stages = {**stages, "base": cfg.stages["base"], "distill": distill, "test": test}
     cfg.name = NAME
     cfg.tracker.experiment = NAME
     return cfg
@@ -88,6 +92,10 @@ def smoke(cfg: fdl.Config[Experiment]) -> None:
     """A few tiny steps on the real model (tests): 2 prompts x 2 samples of 8 tokens per step, 1 teacher step and
     2 distillation steps, validation on 4 rows."""
     for name, stage in cfg.stages.items():
+        if fdl.get_callable(stage) is EvalStage:  # the test rows before and after: 4 of them, 8 tokens
+            stage.evaluator.sampling.max_new_tokens = 8
+            limit_rows(stage.evaluator.dataset, 4)
+            continue
         stage.total_steps = 1 if name == "teacher" else 2
         stage.prompts_per_step = 2
         stage.sampling.n = 2

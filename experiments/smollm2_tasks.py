@@ -29,8 +29,11 @@ the held-out curve):
   greedy answers on the panel's tasks have a p90 of about 10-20 (`rlhf probe`, docs/generate_and_eval.md); a task
   whose answers are longer needs `config:base(max_new_tokens=...)` from its probe. Sampled answers ramble longer,
   and every token costs: at 192 tokens one step took 6.5 minutes on this 2-core machine.
-- **Held-out rows are what to watch**: 200 test rows, greedy, strict (the form) and lenient (format aside), before
-  and after training; the training score says little by itself.
+- **Held-out rows are what to watch, and the test rows are looked at twice**: 100 validation rows, greedy, strict
+  (the form) and lenient (format aside), before training and every 4 steps, pick `best/` (never a validation whose
+  answers collapsed onto one); the `base` and `test` stages measure the instruct model and those chosen weights
+  (the stage's `selected_checkpoint`) on 200 test rows the validations never saw, so the test figure is not
+  inflated by the choice. The training score says little by itself.
 
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8

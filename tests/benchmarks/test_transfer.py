@@ -173,3 +173,27 @@ def test_the_summary_groups_seeds_replaces_reruns_and_keeps_other_tasks_out_of_t
     assert "| a | 10.0% | +30.0 | +5.0 | +17.5 | 1/2 |" in transfer_summary.markdown(v)
     with pytest.raises(SystemExit, match="no such file"):
         transfer_summary.load("v=missing.json")
+
+
+def test_the_summary_reads_runs_with_the_test_stage_on_their_last_weights_too(tmp_path):
+    """A run with the test stage measured the chosen weights and the last ones on the same test rows: the summary
+    reports the chosen ones, and with weights="last" the last ones (their gain, collapse and answer spread);
+    a run without the test stage has no last-weights figures and says so."""
+    import transfer_summary
+
+    row = {"task": "a", "base_accuracy": 0.3, "base_lenient": 0.3, "heldout_rows": 200, "selected_step": 4,
+           "trained_accuracy": 0.45, "trained_lenient": 0.5, "gain": 0.15, "collapsed": False,
+           "answers": {"top_share": 0.2, "truth_top_share": 0.1},
+           "final_accuracy": 0.6, "final_lenient": 0.6, "final_gain": 0.3, "final_collapsed": True,
+           "final_answers": {"top_share": 1.0, "truth_top_share": 0.6}}
+    (tmp_path / "run.json").write_text(json.dumps({"seed": 4, "steps": 16, "recipe": "r", "tasks": [row]}))
+    name, runs = transfer_summary.load(f"v={tmp_path / 'run.json'}")
+    chosen = transfer_summary.variant_summary(name, runs, panel=["a"])
+    last = transfer_summary.variant_summary(name, runs, panel=["a"], weights="last")
+    assert chosen["tasks"]["a"]["gains"] == {4: 0.15} and chosen["tasks"]["a"]["met_in_seeds"] == 1
+    assert last["tasks"]["a"]["gains"] == {4: 0.3} and last["tasks"]["a"]["met_in_seeds"] == 0
+    assert last["tasks"]["a"]["why_not"][4][0].startswith("collapsed: one answer to 100%")
+    old = {k: v for k, v in row.items() if not k.startswith("final_")}
+    (tmp_path / "old.json").write_text(json.dumps({"seed": 0, "tasks": [old]}))
+    with pytest.raises(SystemExit, match="no last-weights figures"):
+        transfer_summary.variant_summary(*transfer_summary.load(f"v={tmp_path / 'old.json'}"), weights="last")
