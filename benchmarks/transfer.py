@@ -246,7 +246,10 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     base, trained, final = (results[stage]["metrics"] for stage in ("base", "test", "test_final"))
 
     def count(stage: str) -> int | None:
+        """The rows a stage's evaluator asks its generator for (through a wrapper such as `with_instruction`)."""
         rows = graph.stages[stage].evaluator.dataset.rows
+        while not hasattr(rows, "n") and hasattr(rows, "rows"):
+            rows = rows.rows
         return rows.n if hasattr(rows, "n") else None
 
     rows = count("test")
