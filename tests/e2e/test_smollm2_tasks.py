@@ -80,3 +80,38 @@ def test_sampling_rounds_screen_more_prompts_for_groups_with_a_signal():
     # no KL and no entropy bonus: rows of groups that scored alike are left out of the update
     assert default.stages["grpo"].policy.worker.objective.kl_loss is None
     assert fdl.build(default.stages["grpo"].policy.worker.objective).skips_inert_rows
+
+
+@pytest.mark.parametrize("with_val", [True, False])
+def test_a_folders_validation_rows_are_its_val_file_or_else_its_test_rows(tmp_path, with_val):
+    """A folder task validates on `val.parquet` when it has one, else on its test rows; the test stages always
+    read `test.parquet`, and the test stage measures the RL stage's chosen weights."""
+    from rlhf.data.sources import load_rows
+    from rlhf.rewards.arithmetic import exact_match_score
+    from rlhf.runtime.remote import StageOutput
+
+    for split in ["train", "test"] + (["val"] if with_val else []):
+        (tmp_path / f"{split}.parquet").touch()
+    recipe = load_experiment("experiments/smollm2_tasks.py")
+    graph = recipe.base(task=str(tmp_path), scorer=exact_match_score)
+    val = graph.stages["grpo"].evaluator.dataset.rows
+    assert fdl.get_callable(val) is load_rows
+    assert val.path == str(tmp_path / ("val.parquet" if with_val else "test.parquet")) and val.limit == 100
+    for stage in ("base", "test"):
+        rows = graph.stages[stage].evaluator.dataset.rows
+        assert (rows.path, rows.limit) == (str(tmp_path / "test.parquet"), 200)
+    chosen = graph.stages["test"].policy.worker.model_path
+    assert (fdl.get_callable(chosen), chosen.stage, chosen.key) == (StageOutput, "grpo", "selected_checkpoint")
+    assert list(graph.stages) == ["base", "grpo", "test"]
+
+
+def test_generated_tasks_validate_on_rows_the_test_rows_never_share():
+    """reasoning-gym and arithmetic: validation rows come from the training split with a seed of their own, the
+    test rows from the test split (no question in both)."""
+    recipe = load_experiment("experiments/smollm2_tasks.py")
+    graph, _ = build_graph(recipe, ['config:base(task="arithmetic")'])
+    val = fdl.build(graph.stages["grpo"].evaluator.dataset.rows)
+    test = fdl.build(graph.stages["test"].evaluator.dataset.rows)
+    assert (len(val), len(test)) == (100, 200)
+    assert not {r["extra_info"]["question"] for r in val} & {r["extra_info"]["question"] for r in test}
+    assert {r["extra_info"]["split"] for r in val} == {"train"} and {r["extra_info"]["split"] for r in test} == {"test"}
