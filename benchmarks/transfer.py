@@ -7,18 +7,18 @@
 Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thread): the instruct model on the
 recipe's 200 test rows, then `--steps` GRPO steps (or fewer: the step that spends `--max-train-minutes`, 15 by
 default, the issue's budget per task, is the last; the row's `stopped_early` says at which step) validated on 100
-rows of their own every 4 steps (and before the first), then the test rows again on the weights the validations
-chose (`best/`, `selected_step`) and on the last ones (`final_*`). Reported per task (fractions of the test rows,
+rows of their own every 4 steps (and before the first), then the test rows again on the last weights (the recipe's
+`test` stage) and on the ones the validations chose (`best/` at `selected_step`: `chosen_*`). Reported per task (fractions of the test rows,
 greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for form), `base_lenient` /
 `trained_lenient` (right, format aside), a Wilson 95% interval of the trained accuracy, training minutes (the
 steps' own time, validation excluded), steps, the curve (every step's training score and the share of it that came
 from the unformatted credit), each validation's answer spread (`top_share` of the most common answer beside
-`truth_top_share`, the right answers' own), `answers` (the same for the chosen weights' test answers) and
+`truth_top_share`, the right answers' own), `answers` (the same for the last weights' test answers) and
 `collapsed`: those answers are one answer to nearly every question (the run's collapse rule), which the verdict
 counts as no gain whatever the accuracy, and `shortfall`: why the task misses the targets, from those measurements
 (`shortfall()`: collapsed, below the base's lenient accuracy, form not learnt, no measurable change, fell, a small
 gain; caveats: near the most common answer's score; in runs from before the test stage, a better validation before
-the last). Writes `transfer-<time>.json` (under
+the last). Writes `transfer-<time>-seed<seed>.json` (under
 benchmarks/results only with --out benchmarks/results; by default into a temporary folder) with top-level
 `tasks`, the targets and whether each task met them.
 
@@ -186,6 +186,12 @@ def collapsed(metrics: Mapping[str, float], source: str) -> bool:
     return top is not None and truth is not None and top >= COLLAPSE > truth
 
 
+def spread_of(metrics: Mapping[str, float], source: str) -> dict:
+    """An evaluation's answer spread: the most common answer's share, the right answers' own, distinct answers."""
+    return {name: round(metrics[key], 4) for name in ("top_share", "truth_top_share", "distinct")
+            if (key := f"val-aux/{source}/answers/{name}") in metrics}
+
+
 def source_of(task: str) -> str:
     return "arithmetic" if task == "arithmetic" else task
 
@@ -218,10 +224,10 @@ def panel_graph(task: str, settings: dict, steps: int, out: Path, recipe_args: s
     commands = [f"config:base(task={task!r}, settings={settings!r}, steps={steps}{recipe_args})", "fiddler:local",
                 "fiddler:quiet", f"set:stages.grpo.seed={seed}", f"set:stages.grpo.max_train_minutes={minutes}", *overrides]
     graph, _ = build_graph(recipe, commands)
-    # the last weights on the test rows too, beside the ones the validations chose: what the choice changed
-    final = copy.deepcopy(graph.stages["test"])
-    final.policy.worker.model_path.key = "checkpoint"
-    graph.stages["test_final"] = final
+    # the weights the validations chose (best/) on the test rows too, beside the last ones: what choosing would change
+    chosen = copy.deepcopy(graph.stages["test"])
+    chosen.policy.worker.model_path.key = "selected_checkpoint"
+    graph.stages["test_chosen"] = chosen
     graph.tracker = fdl.Config(CurveTracker)
     graph.output_dir = str(out)
     return graph
@@ -243,7 +249,7 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     result = results["grpo"]
     wall = time.perf_counter() - started
     validations = [p for p in CurveTracker.curve if strict in p]
-    base, trained, final = (results[stage]["metrics"] for stage in ("base", "test", "test_final"))
+    base, trained, chosen = (results[stage]["metrics"] for stage in ("base", "test", "test_chosen"))
 
     def count(stage: str) -> int | None:
         """The rows a stage's evaluator asks its generator for (through a wrapper such as `with_instruction`)."""
@@ -258,23 +264,20 @@ def run_task(task: str, settings: dict, steps: int, out: Path, recipe_args: str 
     row = {
         "task": task, "settings": settings, "seed": seed, "overrides": list(overrides), "heldout_rows": rows,
         "validation_rows": count("grpo"),
-        # test rows (held out, looked at only here): the instruct model, and the weights the validations chose
+        # test rows (held out, looked at only here): the instruct model, and the last weights (the recipe's test)
         "base_accuracy": round(base[strict], 4), "trained_accuracy": round(trained[strict], 4),
         "base_lenient": round(base[lenient], 4), "trained_lenient": round(trained[lenient], 4),
         "ci95": wilson(trained[strict], rows or 200),
         "gain": round(trained[strict] - base[strict], 4),
-        "selected_step": (result.get("best") or {}).get("step"),
-        # the last weights on the same test rows: what choosing by validation changed
-        "final_accuracy": round(final[strict], 4), "final_lenient": round(final[lenient], 4),
-        "final_gain": round(final[strict] - base[strict], 4),
-        # the chosen weights' test answers: one answer to nearly every question (the alarm's rule), the gain is
+        # the last weights' test answers: one answer to nearly every question (the alarm's rule), the gain is
         # that answer's share, not the task learnt
         "collapsed": collapsed(trained, source),
-        "answers": {name: round(trained[key], 4) for name in ("top_share", "truth_top_share", "distinct")
-                    if (key := f"val-aux/{source}/answers/{name}") in trained},
-        "final_collapsed": collapsed(final, source),
-        "final_answers": {name: round(final[key], 4) for name in ("top_share", "truth_top_share", "distinct")
-                          if (key := f"val-aux/{source}/answers/{name}") in final},
+        "answers": spread_of(trained, source),
+        # the weights the validations chose (best/, its step) on the same test rows: what choosing would change
+        "selected_step": (result.get("best") or {}).get("step"),
+        "chosen_accuracy": round(chosen[strict], 4), "chosen_lenient": round(chosen[lenient], 4),
+        "chosen_gain": round(chosen[strict] - base[strict], 4), "chosen_collapsed": collapsed(chosen, source),
+        "chosen_answers": spread_of(chosen, source),
         "train_minutes": round(train_s / 60, 2), "wall_minutes": round(wall / 60, 2),
         "steps": sum(1 for p in CurveTracker.curve if "timing_s/step" in p),
         # the budget ended training before `steps` (the step it did so at), else None
@@ -344,9 +347,9 @@ def verdict(rows: list[dict]) -> dict:
     return {
         "tasks_run": len(ok), "tasks_failed": len(rows) - len(ok),
         "mean_gain": round(sum(gains) / len(gains), 4) if gains else None,
-        # the last weights' mean gain on the same test rows (runs with the test stage): what choosing changed
-        "mean_gain_final": round(sum(r["final_gain"] for r in ok) / len(ok), 4)
-        if ok and all("final_gain" in r for r in ok) else None,
+        # the validation-chosen weights' mean gain on the same test rows: what choosing would change
+        "mean_gain_chosen": round(sum(r["chosen_gain"] for r in ok) / len(ok), 4)
+        if ok and all("chosen_gain" in r for r in ok) else None,
         # a collapsed task (one answer to nearly every question) has not learnt the task, whatever its gain
         "every_task_gains_10_points": bool(ok) and all(r["gain"] >= TARGETS["min_gain"] and not r.get("collapsed")
                                                        for r in ok),
@@ -390,7 +393,11 @@ def main() -> int:
     load_before = os.getloadavg()
     started = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
-    path = out / f"transfer-{stamp}.json"
+    path = out / f"transfer-{stamp}-seed{args.seed}.json"  # two seeds started together write two files
+    for n in range(2, 1000):
+        if not path.exists():
+            break
+        path = out / f"transfer-{stamp}-seed{args.seed}-{n}.json"
     done: dict[int, dict] = {}
     lock = threading.Lock()
 

@@ -10,10 +10,11 @@ rows of the same task and seed.
     python benchmarks/transfer_summary.py \\
         --variant 'default=transfer-seed2-20261128.json,transfer-seed3-20261128.json' \\
         --variant 'steps16=transfer-explore-steps16-seed0-20261128.json' --out summary.json
-        --last-weights 'default, last weights=transfer-selected-seed4-20261129.json'   # runs with the test stage
+        --variant 'chosen by validation=transfer-selected-seed4-20261129.json@chosen'
 
-Runs with the test stage (`selected_step` in their rows) report the weights the validations chose; `--last-weights`
-reads the same runs on their last weights, so the two variants side by side show what the choice changed.
+Runs with the recipe's test stage measured both the last weights and the ones the validations chose on the test
+rows: FILE@last or FILE@chosen reads its rows on those (`read_as`), so two variants of the same runs show what
+choosing changed.
 
 File names without a folder are looked up in benchmarks/results.
 """
@@ -41,29 +42,34 @@ def load(spec: str) -> tuple[str, list[tuple[Path, dict]]]:
         raise SystemExit(f"--variant {spec!r}: expected NAME=FILE[,FILE...]")
     runs = []
     for file in files.split(","):
+        file, _, weights = file.strip().partition("@")
         path = Path(file.strip())
         path = path if path.parent != Path(".") or path.exists() else HERE / "results" / path
         if not path.exists():
             raise SystemExit(f"--variant {name}: no such file {file.strip()!r} (looked in benchmarks/results too)")
-        runs.append((path, json.loads(path.read_text())))
+        runs.append((path, {**json.loads(path.read_text()), "read_as": weights or None}))
     return name.strip(), runs
 
 
-def last_weights(row: dict) -> dict:
-    """A row of a run with the test stage read on its last weights (`final_*`) instead of the chosen ones: what
-    choosing by validation changed, on the same runs."""
-    if "final_accuracy" not in row:
-        raise SystemExit(f"{row['task']}: the run has no last-weights figures (a run from before the test stage)")
-    return {**row, "trained_accuracy": row["final_accuracy"], "trained_lenient": row["final_lenient"],
-            "gain": row["final_gain"], "collapsed": row["final_collapsed"], "answers": row.get("final_answers", {}),
-            "ci95": None}
+def read_as(row: dict, weights: str | None) -> dict:
+    """A row read on the `weights` its run measured on the test rows: "last" or "chosen" (best/). Runs from
+    2026-11-29 20:20 on report the last weights with the chosen ones beside them (`chosen_*`); the two runs before
+    (seeds 4 and 5, `transfer-selected-*`) the chosen ones with the last beside them (`final_*`); older runs only
+    the last validation (their rows are read as they are). None: as the row has it."""
+    if weights not in (None, "last", "chosen"):
+        raise SystemExit(f"@{weights}: expected @last or @chosen")
+    prefix = {"last": "final", "chosen": "chosen"}.get(weights)
+    if prefix is None or f"{prefix}_accuracy" not in row:
+        return row
+    return {**row, "trained_accuracy": row[f"{prefix}_accuracy"], "trained_lenient": row[f"{prefix}_lenient"],
+            "gain": row[f"{prefix}_gain"], "collapsed": row[f"{prefix}_collapsed"],
+            "answers": row.get(f"{prefix}_answers", {}), "ci95": None}
 
 
-def variant_summary(name: str, runs: list[tuple[Path, dict]], panel: list[str] = PANEL_TASKS,
-                    weights: str = "chosen") -> dict:
+def variant_summary(name: str, runs: list[tuple[Path, dict]], panel: list[str] = PANEL_TASKS) -> dict:
     """Per seed the rows of its files (later files replace a task's earlier row), then per task across seeds.
     Tasks outside `panel` (a held-out task run beside it) are reported under `other_tasks`, outside the means.
-    `weights` "last": rows read on the last weights (`last_weights`), for runs with the test stage."""
+    A file named FILE@last or FILE@chosen has its rows read on those weights (`read_as`)."""
     by_seed: dict[int, dict[str, dict]] = {}
     described = set()
     for path, run in runs:
@@ -71,7 +77,7 @@ def variant_summary(name: str, runs: list[tuple[Path, dict]], panel: list[str] =
         described.add((run.get("recipe"), run.get("steps"), tuple(run.get("overrides") or ())))
         for row in run.get("tasks", []):
             if "error" not in row:
-                row = last_weights(row) if weights == "last" else row
+                row = read_as(row, run.get("read_as"))
                 by_seed.setdefault(seed, {})[row["task"]] = {**row, "file": path.name}
     seeds = sorted(by_seed)
     others = {seed: {t: r for t, r in rows.items() if t not in panel} for seed, rows in by_seed.items()}
@@ -127,13 +133,10 @@ def markdown(variant: dict) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--variant", action="append", required=True, metavar="NAME=FILE[,FILE...]",
-                   help="a variant's run files (repeatable)")
-    p.add_argument("--last-weights", action="append", default=[], metavar="NAME=FILE[,FILE...]",
-                   help="runs with the test stage read on their last weights instead of the chosen ones (repeatable)")
+                   help="a variant's run files (repeatable); FILE@last or FILE@chosen: read on those weights")
     p.add_argument("--out", default=None, help="the summary JSON (default: print only)")
     args = p.parse_args()
     variants = [variant_summary(*load(spec)) for spec in args.variant]
-    variants += [variant_summary(*load(spec), weights="last") for spec in args.last_weights]
     for v in variants:
         print(markdown(v), "\n")
     if args.out:

@@ -9,8 +9,8 @@ token it samples, instead of from one reward per answer (docs/distillation.md).
 
 The task, its held-out evaluator and every setting of the student's stage are `experiments/smollm2_tasks.py`'s
 (arithmetic by our generator, "The answer is N." asked for; 8 prompts at temperature 0.7, 64 new tokens; PPO clip
-0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 100 validation rows, greedy, pick
-`best/`, and its `base` and `test` stages measure the instruct model and the chosen weights on 200 test rows): this file
+0.2/0.28, no KL, AdamW 2e-5 decaying to 0, two optimizer steps per batch; 100 validation rows, greedy, keep
+`best/`, and its `base` and `test` stages measure the instruct model and the last weights on 200 test rows): this file
 changes the advantage, adds the forward KL over the teacher's top-16 tokens to the loss, and samples 4 answers
 per prompt where GRPO samples 8 (no group baseline is needed). `rlhf_configs.algorithms.use_distillation` gives the policy worker
 the frozen teacher (stored in the compute dtype, sharded like the reference) and makes the advantage the per-token
@@ -69,8 +69,8 @@ def base(teacher: Any = None, student: str = "smollm2-135m-instruct", task: str 
     distill.sampling.n = samples_per_prompt
     if top_k:
         distill.policy.worker.objective.distill_loss = fdl.Config(TopKForwardKL, k=top_k)
-    test = cfg.stages["test"]  # the test rows on the weights the distillation's validations chose
-    test.policy.worker.model_path = fdl.Config(StageOutput, "distill", "selected_checkpoint")
+    test = cfg.stages["test"]  # the test rows on the distilled weights (final/)
+    test.policy.worker.model_path = fdl.Config(StageOutput, "distill", "checkpoint")
     cfg.stages = {**stages, "base": cfg.stages["base"], "distill": distill, "test": test}
     cfg.name = NAME
     cfg.tracker.experiment = NAME

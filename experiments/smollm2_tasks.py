@@ -7,9 +7,9 @@
     python experiments/smollm2_tasks.py --config fiddler:smoke                     # 2 tiny steps (tests)
 
 Its parts, each chosen for a mechanism rather than a task (docs/bring_your_own_model.md has the measured panel:
-held-out accuracy +19.6 points on average over eight tasks in four seeds (+17.9 to +21.5), 4-5 of eight +10 or more in
-each; basic_arithmetic and lcm never gain 10, and letter_counting collapses onto its most common answer, so watch
-the held-out curve):
+held-out accuracy +20.5 points on average over eight tasks in six seeds (+17.9 to +24.5), 4-5 of eight +10 or more in
+each; basic_arithmetic gains 10 in one seed of six, lcm in none, and letter_counting collapses onto its most common
+answer, so watch the held-out curve):
 - **The answer is asked for in a form the model follows and a scorer reads without guessing**: "The answer is
   <answer>." (`rlhf.data.reasoning_gym.ANSWER_INSTRUCTION`; SmolLM2 follows it in 23 of 24 greedy replies, a last
   line "Answer: ..." in 1 of 24), read by `rlhf.rewards.final_answer.final_answer`.
@@ -30,10 +30,12 @@ the held-out curve):
   whose answers are longer needs `config:base(max_new_tokens=...)` from its probe. Sampled answers ramble longer,
   and every token costs: at 192 tokens one step took 6.5 minutes on this 2-core machine.
 - **Held-out rows are what to watch, and the test rows are looked at twice**: 100 validation rows, greedy, strict
-  (the form) and lenient (format aside), before training and every 4 steps, pick `best/` (never a validation whose
-  answers collapsed onto one); the `base` and `test` stages measure the instruct model and those chosen weights
-  (the stage's `selected_checkpoint`) on 200 test rows the validations never saw, so the test figure is not
-  inflated by the choice. The training score says little by itself.
+  (the form) and lenient (format aside), before training and every 4 steps, drive the alarms and keep `best/`
+  (never a validation whose answers collapsed onto one); the `base` and `test` stages measure the instruct model
+  and the last weights (`final/`) on 200 test rows the validations never saw. `best/` is not what the test stage
+  measures: over two seeds of the panel it scored 1.7 points below `final/` on the test rows (picking among close
+  validations on 100 rows is noisy), though it kept letter_counting from its collapse (docs/transfer_panel.md).
+  The training score says little by itself.
 
 The other settings follow `experiments/smollm2_arithmetic.py`, our one earlier real-model result: fp32 on CPU,
 PPO clip 0.2/0.28, no KL, AdamW 2e-5 decaying linearly to 0, two optimizer steps per batch; 8 prompts x 8
@@ -181,10 +183,11 @@ def base(task: str = "arithmetic", settings: dict[str, Any] | None = None,
         val_before_train=True,  # step 0 too: where training only hurts, best/ keeps the instruct model
         test_freq=max(1, steps // 4),  # the regression alarm and best/ need more than two validations
     )
-    # the test rows, measured once before training and once on the weights the validations chose
+    # the test rows, measured once before training and once on the last weights (final/; best/, the validations'
+    # choice, scored lower on the panel's test rows: docs/transfer_panel.md)
     base_test = fdl.Config(EvalStage, policy=policy_group(model_path=model_path),
                            evaluator=evaluator("test", HELDOUT))
-    test = fdl.Config(EvalStage, policy=policy_group(model_path=fdl.Config(StageOutput, "grpo", "selected_checkpoint")),
+    test = fdl.Config(EvalStage, policy=policy_group(model_path=fdl.Config(StageOutput, "grpo", "checkpoint")),
                       evaluator=evaluator("test", HELDOUT))
     return fdl.Config(Experiment, name=NAME, stages={"base": base_test, "grpo": grpo, "test": test},
                       runtime=fdl.Config(RayRuntime), tracker=fdl.Config(AimTracker, repo=".aim", experiment=NAME))

@@ -175,25 +175,36 @@ def test_the_summary_groups_seeds_replaces_reruns_and_keeps_other_tasks_out_of_t
         transfer_summary.load("v=missing.json")
 
 
-def test_the_summary_reads_runs_with_the_test_stage_on_their_last_weights_too(tmp_path):
-    """A run with the test stage measured the chosen weights and the last ones on the same test rows: the summary
-    reports the chosen ones, and with weights="last" the last ones (their gain, collapse and answer spread);
-    a run without the test stage has no last-weights figures and says so."""
+def test_the_summary_reads_runs_with_the_test_stage_on_either_weights(tmp_path):
+    """Runs with the test stage measured the last weights and the validation-chosen ones on the same test rows, in
+    two layouts (the chosen ones first with `final_*` beside them, or the last first with `chosen_*`): FILE@last
+    and FILE@chosen read either layout on those weights (gain, collapse, answer spread); a file without a suffix,
+    or an older run without the other figures, is read as it is."""
     import transfer_summary
 
-    row = {"task": "a", "base_accuracy": 0.3, "base_lenient": 0.3, "heldout_rows": 200, "selected_step": 4,
-           "trained_accuracy": 0.45, "trained_lenient": 0.5, "gain": 0.15, "collapsed": False,
-           "answers": {"top_share": 0.2, "truth_top_share": 0.1},
-           "final_accuracy": 0.6, "final_lenient": 0.6, "final_gain": 0.3, "final_collapsed": True,
-           "final_answers": {"top_share": 1.0, "truth_top_share": 0.6}}
-    (tmp_path / "run.json").write_text(json.dumps({"seed": 4, "steps": 16, "recipe": "r", "tasks": [row]}))
-    name, runs = transfer_summary.load(f"v={tmp_path / 'run.json'}")
-    chosen = transfer_summary.variant_summary(name, runs, panel=["a"])
-    last = transfer_summary.variant_summary(name, runs, panel=["a"], weights="last")
-    assert chosen["tasks"]["a"]["gains"] == {4: 0.15} and chosen["tasks"]["a"]["met_in_seeds"] == 1
-    assert last["tasks"]["a"]["gains"] == {4: 0.3} and last["tasks"]["a"]["met_in_seeds"] == 0
-    assert last["tasks"]["a"]["why_not"][4][0].startswith("collapsed: one answer to 100%")
-    old = {k: v for k, v in row.items() if not k.startswith("final_")}
-    (tmp_path / "old.json").write_text(json.dumps({"seed": 0, "tasks": [old]}))
-    with pytest.raises(SystemExit, match="no last-weights figures"):
-        transfer_summary.variant_summary(*transfer_summary.load(f"v={tmp_path / 'old.json'}"), weights="last")
+    common = {"task": "a", "base_accuracy": 0.3, "base_lenient": 0.3, "heldout_rows": 200, "selected_step": 4}
+    chosen = {"accuracy": 0.45, "lenient": 0.5, "gain": 0.15, "collapsed": False,
+              "answers": {"top_share": 0.2, "truth_top_share": 0.1}}
+    last = {"accuracy": 0.6, "lenient": 0.6, "gain": 0.3, "collapsed": True,
+            "answers": {"top_share": 1.0, "truth_top_share": 0.6}}
+
+    def row(first, other, prefix):
+        return {**common, "trained_accuracy": first["accuracy"], "trained_lenient": first["lenient"],
+                "gain": first["gain"], "collapsed": first["collapsed"], "answers": first["answers"],
+                **{f"{prefix}_{k}": v for k, v in other.items()}}
+
+    (tmp_path / "chosen_first.json").write_text(json.dumps({"seed": 4, "tasks": [row(chosen, last, "final")]}))
+    (tmp_path / "last_first.json").write_text(json.dumps({"seed": 4, "tasks": [row(last, chosen, "chosen")]}))
+    for file in ("chosen_first.json", "last_first.json"):
+        for weights, gain, met in (("chosen", 0.15, 1), ("last", 0.3, 0)):
+            v = transfer_summary.variant_summary(*transfer_summary.load(f"v={tmp_path / file}@{weights}"), panel=["a"])
+            assert v["tasks"]["a"]["gains"] == {4: gain} and v["tasks"]["a"]["met_in_seeds"] == met, (file, weights)
+            if weights == "last":
+                assert v["tasks"]["a"]["why_not"][4][0].startswith("collapsed: one answer to 100%")
+    as_is = transfer_summary.variant_summary(*transfer_summary.load(f"v={tmp_path / 'last_first.json'}"), panel=["a"])
+    assert as_is["tasks"]["a"]["gains"] == {4: 0.3}
+    (tmp_path / "old.json").write_text(json.dumps({"seed": 0, "tasks": [{**common, **row(last, {}, "x")}]}))
+    old = transfer_summary.variant_summary(*transfer_summary.load(f"v={tmp_path / 'old.json'}@chosen"), panel=["a"])
+    assert old["tasks"]["a"]["gains"] == {0: 0.3}
+    with pytest.raises(SystemExit, match="expected @last or @chosen"):
+        transfer_summary.variant_summary(*transfer_summary.load(f"v={tmp_path / 'old.json'}@best"), panel=["a"])

@@ -33,7 +33,7 @@ def test_smoke_makes_a_teacher_and_distils_it_on_smollm2(smollm2_path, tmp_path,
         assert "teacher_log_probs" in batch and metrics["distill/teacher_log_prob"] < 0
         assert metrics["distill/reverse_kl_k3"] >= 0
     assert 0.0 <= results["distill"]["metrics"]["val-aux/arithmetic/lenient/mean@1"] <= 1.0
-    # the test rows measured the distilled weights the validations chose (the smoke validates only at the end)
-    assert results["distill"]["selected_checkpoint"] in (results["distill"].get("best_checkpoint"),
-                                                          results["distill"]["checkpoint"])
-    assert 0.0 <= results["test"]["metrics"]["val-core/arithmetic/reward/mean@1"] <= 1.0
+    # the test rows measured the instruct model and the distilled weights
+    for stage in ("base", "test"):
+        assert 0.0 <= results[stage]["metrics"]["val-core/arithmetic/reward/mean@1"] <= 1.0
+    assert graph.stages["test"].policy.worker.model_path.stage == "distill"
