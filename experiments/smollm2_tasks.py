@@ -84,7 +84,8 @@ MAX_PROMPT_LENGTH = 256
 HELDOUT = 200
 """Test rows, greedy: a 95% interval of about +-7 points at 50%."""
 VALIDATION = 100
-"""Validation rows, greedy, every 4 steps: they pick `best/`, the weights the test stage measures."""
+"""Validation rows, greedy, before training and every quarter of the steps: the alarms watch them, and `best/` is
+the best of them (the test stage measures the last weights)."""
 
 
 def with_instruction(rows: list[dict], instruction: str = ANSWER_INSTRUCTION) -> list[dict]:
