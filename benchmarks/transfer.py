@@ -8,19 +8,18 @@ Each task runs the recipe in a process of its own (LocalRuntime, no Aim, one thr
 recipe's 200 test rows, then `--steps` GRPO steps (or fewer: the step that spends `--max-train-minutes`, 15 by
 default, the issue's budget per task, is the last; the row's `stopped_early` says at which step) validated on 100
 rows of their own every 4 steps (and before the first), then the test rows again on the last weights (the recipe's
-`test` stage) and on the ones the validations chose (`best/` at `selected_step`: `chosen_*`). Reported per task (fractions of the test rows,
-greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for form), `base_lenient` /
-`trained_lenient` (right, format aside), a Wilson 95% interval of the trained accuracy, training minutes (the
-steps' own time, validation excluded), steps, the curve (every step's training score and the share of it that came
-from the unformatted credit), each validation's answer spread (`top_share` of the most common answer beside
-`truth_top_share`, the right answers' own), `answers` (the same for the last weights' test answers) and
-`collapsed`: those answers are one answer to nearly every question (the run's collapse rule), which the verdict
-counts as no gain whatever the accuracy, and `shortfall`: why the task misses the targets, from those measurements
-(`shortfall()`: collapsed, below the base's lenient accuracy, form not learnt, no measurable change, fell, a small
-gain; caveats: near the most common answer's score; in runs from before the test stage, a better validation before
-the last). Writes `transfer-<time>-seed<seed>.json` (under
-benchmarks/results only with --out benchmarks/results; by default into a temporary folder) with top-level
-`tasks`, the targets and whether each task met them.
+`test` stage) and on the ones the validations chose (`best/` at `selected_step`: `chosen_*`). Reported per task
+(fractions of the test rows, greedy): `base_accuracy` / `trained_accuracy` (strict: right, in the asked-for form),
+`base_lenient` / `trained_lenient` (right, format aside), a Wilson 95% interval of the trained accuracy, training
+minutes (the steps' own time, validation excluded), steps, the curve (every step's training score and the share of it
+that came from the unformatted credit), each validation's answer spread (`top_share` of the most common answer beside
+`truth_top_share`, the right answers' own), `answers` (the same for the last weights' test answers) and `collapsed`:
+those answers are one answer to nearly every question (the run's collapse rule), which the verdict counts as no gain
+whatever the accuracy, and `shortfall`: why the task misses the targets, from those measurements (`shortfall()`:
+collapsed, below the base's lenient accuracy, form not learnt, no measurable change, fell, a small gain; caveats:
+near the most common answer's score; in runs from before the test stage, a better validation before the last).
+Writes `transfer-<time>-seed<seed>.json` (under benchmarks/results only with --out benchmarks/results; by default
+into a temporary folder) with top-level `tasks`, the targets and whether each task met them.
 
 The panel's settings were chosen before any training, from `rlhf probe` on 64 held-out rows each, where the base
 model is between 5% and 80% lenient; nothing in the recipe was set per task.

@@ -1,6 +1,6 @@
 """The default task recipe end to end on SmolLM2: two tiny GRPO steps of experiments/smollm2_tasks.py on a
-reasoning-gym task between its two test stages, with the validation's strict and lenient scores, the spread of the held-out answers, the alarm's
-metrics and the reward's partial share in the metrics."""
+reasoning-gym task between its two test stages, with the validation's strict and lenient scores, the spread of the
+held-out answers, the alarm's metrics and the reward's partial share in the metrics."""
 
 import fiddle as fdl
 

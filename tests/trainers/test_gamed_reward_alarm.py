@@ -208,7 +208,8 @@ def test_a_later_stage_measures_the_weights_the_validations_chose(tmp_path):
 
     graph = fdl.Config(Experiment, name="gamed", runtime=fdl.Config(LocalRuntime), output_dir=str(tmp_path),
                        run_name="r", progress=False,
-                       stages={"rl": stage, "selected": measured("selected_checkpoint"), "final": measured("checkpoint")})
+                       stages={"rl": stage, "selected": measured("selected_checkpoint"),
+                               "final": measured("checkpoint")})
     results = run_experiment(graph)
     stored = json.loads((tmp_path / "gamed" / "r" / "rl" / "result.json").read_text())["result"]
     assert stored["selected_checkpoint"] == "best" and results["rl"]["selected_checkpoint"].endswith("/rl/best")
