@@ -6,7 +6,7 @@ Worker groups do the model work; everything here is light bookkeeping on the dri
 update the rollout engine needs the new weights: free for the HF engine, which generates with the
 actor's own module, but a full copy streamed in buckets for vLLM (docs/rollout_engines.md). Each
 validation is watched (rlhf.trainers.heldout_watch): the best one's weights are kept as `best/` (the
-stage's `selected_checkpoint`, what a later stage measures or ships; `final/` without validations), and
+stage's `selected_checkpoint`, what to take after an alarm; `final/` without validations), and
 a held-out score falling while the training score rises, or staying below its start, prints a warning
 (docs/debugging.md). With
 `async_rollout` the first two phases run ahead in a rollout group of their own and each step takes
@@ -216,7 +216,7 @@ class RLTrainer:
         best = self.heldout.result() if self.heldout is not None else {}
         if best:  # the weights of the best evaluation, beside final/ (`rlhf export <stage>/best OUT`)
             best["best_checkpoint"] = str(ctx.out_dir / "best")
-        # what a later stage should measure or ship: best/ where a validation chose one, final/ otherwise
+        # the validations' choice for a later stage (after a collapse or regression alarm): best/, else final/
         selected = best.get("best_checkpoint", checkpoint)
         return {"checkpoint": checkpoint, "selected_checkpoint": selected, "metrics": metrics, **best,
                 **self.budget.stopped_early(step, self.total_steps)}
